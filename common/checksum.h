@@ -1,0 +1,16 @@
+// CRC-32C (Castagnoli) of byte ranges, used to verify fetched units.
+#ifndef PSHARD_COMMON_CHECKSUM_H_
+#define PSHARD_COMMON_CHECKSUM_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pshard {
+
+/// Extends `crc` (0 for a fresh checksum) over `size` bytes at `data`.
+/// Uses the SSE4.2 instruction where the CPU has it. Thread-safe.
+uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
+
+}  // namespace pshard
+
+#endif  // PSHARD_COMMON_CHECKSUM_H_
