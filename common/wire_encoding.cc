@@ -1,6 +1,7 @@
 #include "common/wire_encoding.h"
 
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
@@ -19,7 +20,7 @@ absl::StatusOr<WireEncoding> ParseWireEncoding(std::string_view name) {
   if (name == "fp32") return WireEncoding::kFp32;
   if (name == "bf16") return WireEncoding::kBf16;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown wire encoding '", name, "' (expected fp32 or bf16)"));
+      absl::StrCat("unknown wire encoding '", std::string(name), "' (expected fp32 or bf16)"));
 }
 
 void EncodeElements(WireEncoding encoding, std::span<const float> values, std::byte* out) {

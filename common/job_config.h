@@ -1,0 +1,40 @@
+// What every shard server and trainer of one job must agree on.
+#ifndef PSHARD_COMMON_JOB_CONFIG_H_
+#define PSHARD_COMMON_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_spec.h"
+#include "common/partition.h"
+#include "shard_server/optimizer.h"
+
+namespace pshard {
+
+/// The job: model, optimizer, seed and how it is spread. A plain value.
+struct JobConfig {
+  GptConfig model;
+  OptimizerConfig optimizer;
+  uint64_t seed = 1234;
+  int num_shards = 1;    ///< N
+  int num_trainers = 1;  ///< M: contributions reduced per step
+  int64_t slice_alignment = kSliceAlignment;
+  bool deterministic = true;  ///< sum contributions in trainer-rank order
+
+  /// Checks sizes and counts; returns a message naming the bad value.
+  absl::Status Validate() const;
+};
+
+/// The model spec and unit partition a job implies.
+struct JobLayout {
+  ModelSpec spec;
+  std::vector<UnitPartition> partitions;  ///< one per unit
+};
+
+absl::StatusOr<JobLayout> MakeJobLayout(const JobConfig& job);
+
+}  // namespace pshard
+
+#endif  // PSHARD_COMMON_JOB_CONFIG_H_

@@ -1,0 +1,93 @@
+#include "proto/rpc_util.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
+#include "common/rng.h"
+
+namespace pshard {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+v1::JobSpec JobToProto(const JobConfig& job) {
+  v1::JobSpec p;
+  v1::GptConfig* m = p.mutable_model();
+  m->set_num_layers(job.model.num_layers);
+  m->set_d_model(job.model.d_model);
+  m->set_num_heads(job.model.num_heads);
+  m->set_context(job.model.context);
+  m->set_vocab(job.model.vocab);
+  v1::OptimizerConfig* o = p.mutable_optimizer();
+  o->set_lr(job.optimizer.lr);
+  o->set_min_lr(job.optimizer.min_lr);
+  o->set_warmup_steps(job.optimizer.warmup_steps);
+  o->set_total_steps(job.optimizer.total_steps);
+  o->set_beta1(job.optimizer.beta1);
+  o->set_beta2(job.optimizer.beta2);
+  o->set_eps(job.optimizer.eps);
+  o->set_weight_decay(job.optimizer.weight_decay);
+  o->set_grad_clip(job.optimizer.grad_clip);
+  p.set_seed(job.seed);
+  p.set_num_shards(job.num_shards);
+  p.set_num_trainers(job.num_trainers);
+  p.set_slice_alignment(job.slice_alignment);
+  p.set_deterministic(job.deterministic);
+  return p;
+}
+
+absl::StatusOr<JobConfig> JobFromProto(const v1::JobSpec& p) {
+  JobConfig job;
+  job.model.num_layers = p.model().num_layers();
+  job.model.d_model = p.model().d_model();
+  job.model.num_heads = p.model().num_heads();
+  job.model.context = p.model().context();
+  job.model.vocab = p.model().vocab();
+  job.optimizer.lr = p.optimizer().lr();
+  job.optimizer.min_lr = p.optimizer().min_lr();
+  job.optimizer.warmup_steps = p.optimizer().warmup_steps();
+  job.optimizer.total_steps = p.optimizer().total_steps();
+  job.optimizer.beta1 = p.optimizer().beta1();
+  job.optimizer.beta2 = p.optimizer().beta2();
+  job.optimizer.eps = p.optimizer().eps();
+  job.optimizer.weight_decay = p.optimizer().weight_decay();
+  job.optimizer.grad_clip = p.optimizer().grad_clip();
+  job.seed = p.seed();
+  job.num_shards = p.num_shards();
+  job.num_trainers = p.num_trainers();
+  job.slice_alignment = p.slice_alignment();
+  job.deterministic = p.deterministic();
+  if (absl::Status s = job.Validate(); !s.ok()) return s;
+  return job;
+}
+
+uint64_t JobFingerprint(const JobConfig& job) {
+  // Proto3 scalars serialise in field order, so equal jobs give equal bytes.
+  const v1::JobSpec p = JobToProto(job);
+  const std::string bytes = p.SerializeAsString();
+  const uint32_t lo = Crc32c(bytes.data(), bytes.size());
+  return Mix64((static_cast<uint64_t>(lo) << 32) ^ bytes.size());
+}
+
+v1::Encoding EncodingToProto(WireEncoding encoding) {
+  return encoding == WireEncoding::kBf16 ? v1::ENCODING_BF16 : v1::ENCODING_FP32;
+}
+
+absl::StatusOr<WireEncoding> EncodingFromProto(v1::Encoding encoding) {
+  switch (encoding) {
+    case v1::ENCODING_FP32: return WireEncoding::kFp32;
+    case v1::ENCODING_BF16: return WireEncoding::kBf16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported wire encoding ", static_cast<int>(encoding)));
+  }
+}
+
+}  // namespace pshard

@@ -1,0 +1,64 @@
+#include "shard_server/norm_coordinator.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pshard {
+
+namespace {
+// Finished rounds kept so that a retried report still gets its answer.
+constexpr int64_t kRoundsKept = 4;
+}  // namespace
+
+StepNorm NormCoordinator::Sum(const Round& round) {
+  StepNorm total;
+  for (const auto& p : round.partials) {
+    total.total_sum_of_squares += p->total_sum_of_squares;
+    total.non_finite = total.non_finite || p->non_finite;
+  }
+  return total;
+}
+
+void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, absl::Time deadline,
+                             std::function<void(absl::StatusOr<StepNorm>)> done) {
+  auto waiter = std::make_shared<OneShotWaiter>([done = std::move(done), this, step](absl::Status s) {
+    if (!s.ok()) return done(s);
+    absl::MutexLock lock(&mu_);
+    done(*rounds_[step].total);
+  });
+  std::vector<std::shared_ptr<OneShotWaiter>> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    Round& round = rounds_[step];
+    if (round.partials.empty()) round.partials.resize(num_shards_);
+    if (!round.total) round.partials[shard] = partial;
+    round.waiters.push_back(waiter);
+    const bool complete = std::all_of(round.partials.begin(), round.partials.end(),
+                                      [](const auto& p) { return p.has_value(); });
+    if (complete) {
+      if (!round.total) round.total = Sum(round);
+      ready.swap(round.waiters);
+      while (!rounds_.empty() && rounds_.begin()->first < step - kRoundsKept) rounds_.erase(rounds_.begin());
+    } else {
+      timer_.Schedule(deadline, [this, step, waiter] {
+        std::vector<int> missing;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = rounds_.find(step);
+          if (it == rounds_.end() || it->second.total) return;  // completed meanwhile
+          for (int s = 0; s < num_shards_; ++s) {
+            if (!it->second.partials[s]) missing.push_back(s);
+          }
+        }
+        waiter->Fire(absl::DeadlineExceededError(absl::StrCat(
+            "step ", step, ": no gradient norm from shard(s) ", absl::StrJoin(missing, ","),
+            " before the deadline")));
+      });
+    }
+  }
+  for (auto& w : ready) w->Fire(absl::OkStatus());
+}
+
+}  // namespace pshard

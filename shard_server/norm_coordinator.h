@@ -1,0 +1,50 @@
+// Agreement on each step's global gradient norm. Shard 0 hosts the
+// coordinator: every shard reports its partial sum of squares, and all learn
+// the total (summed in shard order, so every shard computes the same bits)
+// before any of them updates a slice.
+#ifndef PSHARD_SHARD_SERVER_NORM_COORDINATOR_H_
+#define PSHARD_SHARD_SERVER_NORM_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deadline_timer.h"
+#include "shard_server/shard_state.h"
+
+namespace pshard {
+
+/// Collects partial norms per step. Thread-safe.
+class NormCoordinator {
+ public:
+  explicit NormCoordinator(int num_shards) : num_shards_(num_shards) {}
+
+  /// Records `shard`'s partial for `step` (a repeated report replaces the
+  /// first) and calls `done` once all shards have reported, or with
+  /// DeadlineExceeded naming the missing shards at `deadline`.
+  void Report(int64_t step, int shard, const StepNorm& partial, absl::Time deadline,
+              std::function<void(absl::StatusOr<StepNorm>)> done);
+
+ private:
+  struct Round {
+    std::vector<std::optional<StepNorm>> partials;
+    std::vector<std::shared_ptr<OneShotWaiter>> waiters;
+    std::optional<StepNorm> total;
+  };
+  static StepNorm Sum(const Round& round);
+
+  const int num_shards_;
+  absl::Mutex mu_;
+  std::map<int64_t, Round> rounds_ ABSL_GUARDED_BY(mu_);
+  DeadlineTimer timer_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_NORM_COORDINATOR_H_

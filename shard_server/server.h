@@ -1,0 +1,52 @@
+// A running shard server: a handle over the gRPC server, the state and the
+// step driver.
+#ifndef PSHARD_SHARD_SERVER_SERVER_H_
+#define PSHARD_SHARD_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "shard_server/shard_state.h"
+
+namespace pshard {
+
+class ShardServer {
+ public:
+  struct Spec {
+    JobConfig job;
+    int shard_index = 0;
+    std::string address = "127.0.0.1:0";  ///< port 0 picks a free port
+    /// Address of shard 0 (the norm coordinator); empty on shard 0 itself.
+    std::string coordinator_address;
+    absl::Duration fetch_wait_limit = absl::Seconds(120);
+    absl::Duration step_timeout = absl::Seconds(60);
+    int max_message_bytes = 4 << 20;  ///< larger requests are refused
+  };
+
+  /// Builds the state, binds, and starts serving and stepping.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Start(Spec spec);
+  ~ShardServer();
+
+  int port() const { return port_; }
+  std::string address() const;
+  ShardState& state() { return *state_; }
+  /// Blocks until Shutdown() is called from another thread.
+  void Wait();
+  /// Stops serving: in-flight calls are cancelled after `grace`.
+  void Shutdown(absl::Duration grace = absl::Seconds(1));
+
+ private:
+  struct Impl;
+  ShardServer() = default;
+  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ShardState> state_;
+  int port_ = 0;
+  std::string host_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_SERVER_H_

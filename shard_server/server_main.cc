@@ -1,0 +1,99 @@
+// pshard-server: one shard server of a job.
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/signals.h"
+#include "shard_server/server.h"
+
+ABSL_FLAG(std::string, address, "127.0.0.1:0", "host:port to listen on (port 0: any free port)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(int, shard_index, 0, "this server's shard, 0..num_shards-1");
+ABSL_FLAG(int, num_shards, 1, "N: shard servers in the job");
+ABSL_FLAG(int, num_trainers, 1, "M: trainers whose gradients are reduced each step");
+ABSL_FLAG(std::string, coordinator, "", "host:port of shard 0 (required on other shards)");
+ABSL_FLAG(int, layers, 4, "transformer blocks");
+ABSL_FLAG(int, d_model, 128, "model width");
+ABSL_FLAG(int, heads, 4, "attention heads");
+ABSL_FLAG(int, context, 64, "maximum sequence length");
+ABSL_FLAG(int, vocab, 256, "vocabulary size (256: bytes)");
+ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
+ABSL_FLAG(double, lr, 1e-3, "peak learning rate");
+ABSL_FLAG(double, min_lr, 1e-4, "final learning rate of the cosine decay");
+ABSL_FLAG(int64_t, warmup_steps, 20, "linear warm-up steps");
+ABSL_FLAG(int64_t, total_steps, 0, "end of the cosine decay (0: constant after warm-up)");
+ABSL_FLAG(double, beta1, 0.9, "AdamW beta1");
+ABSL_FLAG(double, beta2, 0.95, "AdamW beta2");
+ABSL_FLAG(double, eps, 1e-8, "AdamW epsilon");
+ABSL_FLAG(double, weight_decay, 0.1, "decoupled weight decay (matrices only)");
+ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(bool, deterministic, true, "sum contributions in trainer-rank order");
+ABSL_FLAG(int64_t, slice_alignment, 64, "slice alignment in elements");
+ABSL_FLAG(absl::Duration, fetch_wait_limit, absl::Seconds(120), "longest a fetch waits for a version");
+ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
+          "how long a step waits before reporting what it misses");
+ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pshard-server --shard_index=I --num_shards=N --num_trainers=M ...");
+  absl::ParseCommandLine(argc, argv);
+  static absl::Notification stop;  // outlives the detached signal thread
+  pshard::CallOnTerminationSignal([](int) { stop.Notify(); });
+
+  pshard::ShardServer::Spec spec;
+  spec.job.model.num_layers = absl::GetFlag(FLAGS_layers);
+  spec.job.model.d_model = absl::GetFlag(FLAGS_d_model);
+  spec.job.model.num_heads = absl::GetFlag(FLAGS_heads);
+  spec.job.model.context = absl::GetFlag(FLAGS_context);
+  spec.job.model.vocab = absl::GetFlag(FLAGS_vocab);
+  spec.job.optimizer.lr = absl::GetFlag(FLAGS_lr);
+  spec.job.optimizer.min_lr = absl::GetFlag(FLAGS_min_lr);
+  spec.job.optimizer.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  spec.job.optimizer.total_steps = absl::GetFlag(FLAGS_total_steps);
+  spec.job.optimizer.beta1 = absl::GetFlag(FLAGS_beta1);
+  spec.job.optimizer.beta2 = absl::GetFlag(FLAGS_beta2);
+  spec.job.optimizer.eps = absl::GetFlag(FLAGS_eps);
+  spec.job.optimizer.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  spec.job.optimizer.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  spec.job.seed = absl::GetFlag(FLAGS_seed);
+  spec.job.num_shards = absl::GetFlag(FLAGS_num_shards);
+  spec.job.num_trainers = absl::GetFlag(FLAGS_num_trainers);
+  spec.job.slice_alignment = absl::GetFlag(FLAGS_slice_alignment);
+  spec.job.deterministic = absl::GetFlag(FLAGS_deterministic);
+  spec.shard_index = absl::GetFlag(FLAGS_shard_index);
+  spec.address = absl::GetFlag(FLAGS_address);
+  spec.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  spec.fetch_wait_limit = absl::GetFlag(FLAGS_fetch_wait_limit);
+  spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  spec.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+
+  absl::StatusOr<std::unique_ptr<pshard::ShardServer>> server = pshard::ShardServer::Start(spec);
+  if (!server.ok()) {
+    std::fprintf(stderr, "pshard-server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  pshard::ShardServer* running = server->get();
+  const auto counters = running->state().counters();
+  std::fprintf(stderr,
+               "pshard-server: shard %d/%d serving on %s; %lld parameters in the model, %.1f MiB of "
+               "state here\n",
+               spec.shard_index, spec.job.num_shards, running->address().c_str(),
+               static_cast<long long>(running->state().layout().spec.TotalParameters()),
+               counters.state_bytes / 1048576.0);
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << running->port() << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  stop.WaitForNotification();
+  std::fprintf(stderr, "pshard-server: shard %d shutting down at step %lld\n", spec.shard_index,
+               static_cast<long long>(running->state().current_step()));
+  running->Shutdown(absl::Seconds(2));
+  server->reset();
+  return 0;
+}

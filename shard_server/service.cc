@@ -1,0 +1,307 @@
+#include "shard_server/service.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "proto/rpc_util.h"
+
+namespace pshard {
+namespace {
+
+// Streams one slice at one version, chunk by chunk, once it is published.
+class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
+ public:
+  FetchReactor(ShardState* state, const v1::FetchRequest& request, absl::Time wait_deadline,
+               int64_t chunk_bytes)
+      : state_(state), request_(request) {
+    absl::StatusOr<WireEncoding> encoding = EncodingFromProto(request.encoding());
+    absl::Status status = encoding.status();
+    if (status.ok()) status = state->CheckFetch(request.unit(), request.version());
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    encoding_ = *encoding;
+    slice_length_ = state->slice_length(request.unit());
+    chunk_elements_ = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding_)));
+    waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
+      if (!s.ok()) return Finish(ToGrpcStatus(s));
+      WriteNext();
+    });
+    state->WhenPublished(request.unit(), request.version(), wait_deadline, waiter_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    WriteNext();
+  }
+  void OnCancel() override {
+    if (waiter_) waiter_->Fire(absl::CancelledError("fetch cancelled while waiting"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (offset_ >= slice_length_) return Finish(grpc::Status::OK);
+    chunk_.Clear();
+    const int64_t count = std::min(chunk_elements_, slice_length_ - offset_);
+    absl::Status s = state_->CopyPublished(request_.unit(), request_.version(), encoding_, offset_,
+                                           count, chunk_.mutable_data());
+    if (s.ok() && offset_ == 0) {
+      absl::StatusOr<uint32_t> checksum =
+          state_->PublishedChecksum(request_.unit(), request_.version(), encoding_);
+      s = checksum.status();
+      if (s.ok()) {
+        chunk_.set_checksum(*checksum);
+        chunk_.set_slice_length(slice_length_);
+        chunk_.set_version(request_.version());
+      }
+    }
+    if (!s.ok()) return Finish(ToGrpcStatus(s));
+    chunk_.set_offset(offset_);
+    offset_ += count;
+    StartWrite(&chunk_);
+  }
+
+  ShardState* const state_;
+  const v1::FetchRequest request_;
+  WireEncoding encoding_ = WireEncoding::kFp32;
+  int64_t slice_length_ = 0;
+  int64_t chunk_elements_ = 0;
+  int64_t offset_ = 0;
+  v1::FetchChunk chunk_;
+  std::shared_ptr<OneShotWaiter> waiter_;
+};
+
+// Receives one gradient slice; commits it only once it is complete.
+class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
+ public:
+  PushReactor(ShardState* state, grpc::CallbackServerContext* ctx, v1::PushResponse* response)
+      : state_(state), ctx_(ctx), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return Complete();
+    absl::Status s = Accept();
+    if (!s.ok()) return Finish(ToGrpcStatus(s));
+    StartRead(&chunk_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Accept() {
+    if (chunks_ == 0) {
+      first_ = chunk_;
+      first_.clear_data();
+      absl::StatusOr<WireEncoding> encoding = EncodingFromProto(chunk_.encoding());
+      if (!encoding.ok()) return encoding.status();
+      encoding_ = *encoding;
+      if (absl::Status s = state_->CheckPush(chunk_.trainer_rank(), chunk_.step(), chunk_.unit());
+          !s.ok()) {
+        return s;
+      }
+      const int64_t expected = state_->slice_length(chunk_.unit());
+      if (chunk_.slice_length() != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "wrong length: push of unit ", chunk_.unit(), " declares ", chunk_.slice_length(),
+            " elements; this shard's slice has ", expected));
+      }
+      staged_.resize(expected);
+    } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
+               chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
+               chunk_.slice_length() != first_.slice_length()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", chunk_.chunk_index(), " changes the push's identity"));
+    }
+    if (chunk_.chunk_index() != chunks_) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_.chunk_index(),
+                                                     " arrived where chunk ", chunks_, " was due"));
+    }
+    const size_t width = BytesPerElement(encoding_);
+    const int64_t count = static_cast<int64_t>(chunk_.data().size() / width);
+    if (chunk_.data().size() % width != 0 || chunk_.offset() != received_ ||
+        received_ + count > static_cast<int64_t>(staged_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wrong length: chunk ", chunks_, " covers elements [", chunk_.offset(), ", ",
+          chunk_.offset() + count, ") after ", received_, " of ", staged_.size(), " received"));
+    }
+    DecodeElements(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
+                   std::span<float>(staged_.data() + received_, count));
+    received_ += count;
+    ++chunks_;
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (ctx_->IsCancelled()) {
+      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "push abandoned; nothing applied"));
+    }
+    if (chunks_ == 0) {
+      return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty push"));
+    }
+    if (received_ != static_cast<int64_t>(staged_.size())) {
+      return Finish(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_,
+                       " of ", staged_.size(), " elements; nothing applied")));
+    }
+    absl::StatusOr<PushDisposition> d =
+        state_->Contribute(first_.trainer_rank(), first_.step(), first_.unit(), std::move(staged_));
+    if (!d.ok()) return Finish(ToGrpcStatus(d.status()));
+    switch (*d) {
+      case PushDisposition::kAccepted:
+        response_->set_disposition(v1::PushResponse::ACCEPTED);
+        break;
+      case PushDisposition::kDuplicate:
+        response_->set_disposition(v1::PushResponse::DUPLICATE);
+        response_->set_detail("contribution already received; ignored");
+        break;
+      case PushDisposition::kAcceptedNonFinite:
+        response_->set_disposition(v1::PushResponse::ACCEPTED_NON_FINITE);
+        response_->set_detail(absl::StrCat("non-finite gradient: step ", first_.step(),
+                                           " will be skipped on every shard"));
+        break;
+    }
+    Finish(grpc::Status::OK);
+  }
+
+  ShardState* const state_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::PushResponse* const response_;
+  v1::PushChunk chunk_;
+  v1::PushChunk first_;
+  WireEncoding encoding_ = WireEncoding::kFp32;
+  std::vector<float> staged_;
+  int64_t received_ = 0;
+  int chunks_ = 0;
+};
+
+}  // namespace
+
+ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, Options options)
+    : state_(state),
+      coordinator_(coordinator),
+      options_(options),
+      fingerprint_(JobFingerprint(state->job())) {}
+
+absl::Time ShardServiceImpl::WaitDeadline(const grpc::CallbackServerContext* ctx,
+                                          absl::Duration limit) {
+  const absl::Time server_limit = absl::Now() + limit;
+  const absl::Time client = absl::FromChrono(ctx->deadline());
+  if (client == absl::InfiniteFuture() || client > server_limit + absl::Hours(24 * 365)) {
+    return server_limit;
+  }
+  const absl::Duration margin = std::min(absl::Milliseconds(500), (client - absl::Now()) / 10);
+  return std::min(server_limit, client - margin);
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ctx,
+                                                 const v1::JoinRequest* request,
+                                                 v1::JoinResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  const int rank = request->trainer_rank();
+  if (rank < -1 || rank >= state_->job().num_trainers) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("trainer rank ", rank, " is outside [0, ",
+                                              state_->job().num_trainers, ")")));
+    return reactor;
+  }
+  if (rank >= 0) {
+    absl::MutexLock lock(&joined_mu_);
+    if (std::find(joined_.begin(), joined_.end(), rank) == joined_.end()) joined_.push_back(rank);
+  }
+  *response->mutable_job() = JobToProto(state_->job());
+  response->set_shard_index(state_->shard_index());
+  response->set_current_step(state_->current_step());
+  for (const UnitSpec& u : state_->layout().spec.units) response->add_unit_numels(u.numel);
+  response->set_job_fingerprint(fingerprint_);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::FetchChunk>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
+                                                                  const v1::FetchRequest* request) {
+  return new FetchReactor(state_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
+                          options_.fetch_chunk_bytes);
+}
+
+grpc::ServerReadReactor<v1::PushChunk>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
+                                                               v1::PushResponse* response) {
+  return new PushReactor(state_, ctx, response);
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContext* ctx,
+                                                      const v1::NormReport* request,
+                                                      v1::NormAgreement* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (coordinator_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                 absl::StrCat("shard ", state_->shard_index(),
+                                              " is not the norm coordinator (shard 0 is)")));
+    return reactor;
+  }
+  if (request->job_fingerprint() != fingerprint_) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", request->shard_index(),
+                     " runs a different job (model, optimizer, seed or counts differ)")));
+    return reactor;
+  }
+  if (request->shard_index() < 0 || request->shard_index() >= state_->job().num_shards) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("shard index ", request->shard_index(), " is out of range")));
+    return reactor;
+  }
+  StepNorm partial{request->sum_of_squares(), request->non_finite()};
+  const int64_t step = request->step();
+  coordinator_->Report(step, request->shard_index(), partial,
+                       WaitDeadline(ctx, options_.norm_wait_limit),
+                       [reactor, response, step](absl::StatusOr<StepNorm> total) {
+                         if (!total.ok()) return reactor->Finish(ToGrpcStatus(total.status()));
+                         response->set_step(step);
+                         response->set_total_sum_of_squares(total->total_sum_of_squares);
+                         response->set_non_finite(total->non_finite);
+                         reactor->Finish(grpc::Status::OK);
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContext* ctx,
+                                                      const v1::StatusRequest*,
+                                                      v1::StatusResponse* response) {
+  const ShardState::Counters c = state_->counters();
+  response->set_shard_index(state_->shard_index());
+  response->set_current_step(state_->current_step());
+  response->set_applied_updates(c.applied_updates);
+  response->set_skipped_steps(c.skipped_steps);
+  response->set_last_grad_norm(c.last_grad_norm);
+  response->set_state_bytes(c.state_bytes);
+  response->set_waiting_for(state_->DescribeWait());
+  {
+    absl::MutexLock lock(&joined_mu_);
+    for (int r : joined_) response->add_joined_trainers(r);
+  }
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::ReadMaster(grpc::CallbackServerContext* ctx,
+                                                       const v1::ReadMasterRequest* request,
+                                                       v1::ReadMasterResponse* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (request->unit() < 0 || request->unit() >= state_->num_units()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 absl::StrCat("unknown unit ", request->unit())));
+    return reactor;
+  }
+  auto [version, master] = state_->ReadMaster(request->unit());
+  response->set_version(version);
+  response->set_data(master.data(), master.size() * sizeof(float));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace pshard

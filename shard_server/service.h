@@ -1,0 +1,58 @@
+// The gRPC face of a shard server (callback API). Status conversion happens
+// here and nowhere below.
+#ifndef PSHARD_SHARD_SERVER_SERVICE_H_
+#define PSHARD_SHARD_SERVER_SERVICE_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "proto/shard.grpc.pb.h"
+#include "shard_server/norm_coordinator.h"
+#include "shard_server/shard_state.h"
+
+namespace pshard {
+
+/// Serves one ShardState. Does not own it. Thread-safe.
+class ShardServiceImpl final : public v1::ShardService::CallbackService {
+ public:
+  struct Options {
+    absl::Duration fetch_wait_limit = absl::Seconds(120);  ///< longest a fetch waits for a version
+    absl::Duration norm_wait_limit = absl::Seconds(120);   ///< longest AgreeNorm waits (coordinator)
+    int64_t fetch_chunk_bytes = 1 << 20;                   ///< bytes per streamed fetch chunk
+  };
+  /// `coordinator` is null except on shard 0.
+  ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, Options options);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerWriteReactor<v1::FetchChunk>* Fetch(grpc::CallbackServerContext* ctx,
+                                                  const v1::FetchRequest* request) override;
+  grpc::ServerReadReactor<v1::PushChunk>* Push(grpc::CallbackServerContext* ctx,
+                                               v1::PushResponse* response) override;
+  grpc::ServerUnaryReactor* AgreeNorm(grpc::CallbackServerContext* ctx,
+                                      const v1::NormReport* request,
+                                      v1::NormAgreement* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
+                                      const v1::StatusRequest* request,
+                                      v1::StatusResponse* response) override;
+  grpc::ServerUnaryReactor* ReadMaster(grpc::CallbackServerContext* ctx,
+                                       const v1::ReadMasterRequest* request,
+                                       v1::ReadMasterResponse* response) override;
+
+  /// The wait deadline for a call: the sooner of the server's limit and a
+  /// moment before the client's deadline, so that the client receives the
+  /// server's explanation rather than a bare DEADLINE_EXCEEDED.
+  static absl::Time WaitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration limit);
+
+ private:
+  ShardState* const state_;
+  NormCoordinator* const coordinator_;
+  const Options options_;
+  const uint64_t fingerprint_;
+  absl::Mutex joined_mu_;
+  std::vector<int> joined_ ABSL_GUARDED_BY(joined_mu_);
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_SERVICE_H_

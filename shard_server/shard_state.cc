@@ -1,0 +1,342 @@
+#include "shard_server/shard_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/bf16.h"
+#include "common/checksum.h"
+#include "shard_server/optimizer.h"
+#include "common/status_macros.h"
+
+namespace pshard {
+
+bool OneShotWaiter::Fire(absl::Status status) {
+  if (fired_.exchange(true)) return false;
+  fn_(std::move(status));
+  fn_ = nullptr;
+  return true;
+}
+
+struct ShardState::UnitState {
+  // Published model state: written by ApplyStep, read by fetches.
+  mutable absl::Mutex mu;
+  std::vector<float> master, m, v;
+  std::vector<uint16_t> published_bf16;
+  uint32_t checksum_fp32 = 0;
+  uint32_t checksum_bf16 = 0;
+  int64_t version = 0;
+  std::vector<std::pair<int64_t, std::shared_ptr<OneShotWaiter>>> waiters;
+  std::vector<ElementRun> decay_runs;
+
+  // The reduction of step `reduce_step`, guarded by ShardState::step_mu_.
+  // `grad` is read without the lock only by the step driver once complete.
+  int64_t reduce_step = 0;
+  std::vector<float> grad;
+  std::vector<char> received;               // per trainer rank
+  std::vector<std::vector<float>> pending;  // out-of-order, deterministic mode
+  int next_rank = 0;                        // ranks below it are in `grad`
+  int received_count = 0;
+
+  void Publish() {
+    EncodeBf16(master, published_bf16);
+    checksum_fp32 = Crc32c(master.data(), master.size() * sizeof(float));
+    checksum_bf16 = Crc32c(published_bf16.data(), published_bf16.size() * sizeof(uint16_t));
+  }
+};
+
+ShardState::ShardState(JobConfig job, JobLayout layout, int shard_index)
+    : job_(std::move(job)), layout_(std::move(layout)), shard_index_(shard_index) {}
+
+ShardState::~ShardState() = default;
+
+absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& job,
+                                                               int shard_index) {
+  ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
+  if (shard_index < 0 || shard_index >= job.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard index ", shard_index, " is outside [0, ", job.num_shards, ")"));
+  }
+  std::unique_ptr<ShardState> state(new ShardState(job, std::move(layout), shard_index));
+  for (size_t u = 0; u < state->layout_.spec.units.size(); ++u) {
+    const SliceRange slice = state->layout_.partitions[u].Slice(shard_index);
+    auto unit = std::make_unique<UnitState>();
+    unit->master.resize(slice.length);
+    InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, unit->master);
+    unit->m.assign(slice.length, 0.0f);
+    unit->v.assign(slice.length, 0.0f);
+    unit->grad.assign(slice.length, 0.0f);
+    unit->published_bf16.resize(slice.length);
+    unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
+    unit->received.assign(job.num_trainers, 0);
+    unit->pending.resize(job.num_trainers);
+    unit->Publish();
+    state->units_.push_back(std::move(unit));
+  }
+  absl::MutexLock lock(&state->step_mu_);
+  state->step_started_ = absl::Now();
+  return state;
+}
+
+int64_t ShardState::current_step() const {
+  absl::MutexLock lock(&step_mu_);
+  return step_;
+}
+
+absl::Status ShardState::CheckFetch(int unit, int64_t version) const {
+  if (unit < 0 || unit >= num_units()) {
+    return absl::NotFoundError(absl::StrCat("unknown unit ", unit, ": the model has ", num_units(), " units"));
+  }
+  absl::ReaderMutexLock lock(&units_[unit]->mu);
+  if (version < units_[unit]->version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unit ", unit, " version ", version, " is gone: this shard is at version ",
+        units_[unit]->version));
+  }
+  return absl::OkStatus();
+}
+
+void ShardState::WhenPublished(int unit, int64_t version, absl::Time deadline,
+                               std::shared_ptr<OneShotWaiter> waiter) {
+  absl::Status now_status;
+  {
+    UnitState& u = *units_[unit];
+    absl::MutexLock lock(&u.mu);
+    if (version > u.version) {
+      u.waiters.emplace_back(version, waiter);
+      timer_.Schedule(deadline, [this, unit, version, waiter] {
+        waiter->Fire(absl::DeadlineExceededError(absl::StrCat(
+            "unit ", unit, " version ", version, " was not published in time: ", DescribeWait())));
+      });
+      return;
+    }
+    if (version < u.version) {
+      now_status = absl::FailedPreconditionError(absl::StrCat(
+          "unit ", unit, " version ", version, " is gone: this shard is at version ", u.version));
+    }
+  }
+  waiter->Fire(now_status);
+}
+
+absl::Status ShardState::CopyPublished(int unit, int64_t version, WireEncoding encoding,
+                                       int64_t offset, int64_t count, std::string* out) const {
+  const UnitState& u = *units_[unit];
+  absl::ReaderMutexLock lock(&u.mu);
+  if (u.version != version) {
+    return absl::AbortedError(absl::StrCat("unit ", unit, " moved from version ", version, " to ",
+                                           u.version, " during the fetch"));
+  }
+  if (offset < 0 || count < 0 || offset + count > static_cast<int64_t>(u.master.size())) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", offset, ", ", offset + count,
+                                              ") are outside the slice of ", u.master.size()));
+  }
+  const size_t width = BytesPerElement(encoding);
+  out->resize(count * width);
+  const void* src = encoding == WireEncoding::kFp32
+                        ? static_cast<const void*>(u.master.data() + offset)
+                        : static_cast<const void*>(u.published_bf16.data() + offset);
+  std::memcpy(out->data(), src, count * width);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint32_t> ShardState::PublishedChecksum(int unit, int64_t version,
+                                                       WireEncoding encoding) const {
+  const UnitState& u = *units_[unit];
+  absl::ReaderMutexLock lock(&u.mu);
+  if (u.version != version) {
+    return absl::AbortedError(absl::StrCat("unit ", unit, " is at version ", u.version,
+                                           ", not ", version));
+  }
+  return encoding == WireEncoding::kFp32 ? u.checksum_fp32 : u.checksum_bf16;
+}
+
+absl::Status ShardState::CheckPush(int trainer, int64_t step, int unit) const {
+  if (unit < 0 || unit >= num_units()) {
+    return absl::NotFoundError(absl::StrCat("unknown unit ", unit, ": the model has ", num_units(), " units"));
+  }
+  if (trainer < 0 || trainer >= job_.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", trainer, " is outside [0, ",
+                                                   job_.num_trainers, ")"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  const int64_t at = units_[unit]->reduce_step;
+  if (step < at) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", step, " of unit ", unit, " is already applied; this shard is at step ", at));
+  }
+  if (step > at) {
+    return absl::OutOfRangeError(absl::StrCat("step ", step, " of unit ", unit,
+                                              " is in the future; this shard is at step ", at));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PushDisposition> ShardState::Contribute(int trainer, int64_t step, int unit,
+                                                       std::vector<float> values) {
+  RETURN_IF_ERROR(CheckPush(trainer, step, unit));
+  UnitState& u = *units_[unit];
+  if (values.size() != u.grad.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient of unit ", unit, " has ", values.size(),
+                                                   " elements; the slice has ", u.grad.size()));
+  }
+  const bool finite = std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); });
+  absl::MutexLock lock(&step_mu_);
+  if (u.reduce_step != step) {  // moved on between the check and the lock
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " of unit ", unit, " is already applied"));
+  }
+  if (u.received[trainer]) return PushDisposition::kDuplicate;
+  u.received[trainer] = 1;
+  ++u.received_count;
+  if (!finite) {
+    // Policy: the contribution counts (so the step completes) but its values
+    // are dropped, and every shard skips this step's update.
+    if (!non_finite_) non_finite_source_ = absl::StrCat("trainer ", trainer, ", unit ", unit);
+    non_finite_ = true;
+    values.assign(values.size(), 0.0f);
+  }
+  if (job_.deterministic) {
+    u.pending[trainer] = std::move(values);
+    AddPendingInOrder(unit);
+  } else {
+    for (size_t i = 0; i < values.size(); ++i) u.grad[i] += values[i];
+  }
+  if (u.received_count == job_.num_trainers) ++units_complete_;
+  return finite ? PushDisposition::kAccepted : PushDisposition::kAcceptedNonFinite;
+}
+
+void ShardState::AddPendingInOrder(int unit) {
+  UnitState& u = *units_[unit];
+  while (u.next_rank < job_.num_trainers && u.received[u.next_rank]) {
+    std::vector<float>& c = u.pending[u.next_rank];
+    for (size_t i = 0; i < c.size(); ++i) u.grad[i] += c[i];
+    std::vector<float>().swap(c);
+    ++u.next_rank;
+  }
+}
+
+bool ShardState::AllContributed() const { return units_complete_ == num_units(); }
+
+absl::Status ShardState::AwaitContributions(absl::Time deadline) {
+  absl::MutexLock lock(&step_mu_);
+  if (step_mu_.AwaitWithDeadline(absl::Condition(this, &ShardState::AllContributed), deadline)) {
+    return absl::OkStatus();
+  }
+  step_mu_.Unlock();
+  std::string what = DescribeWait();
+  step_mu_.Lock();
+  return absl::DeadlineExceededError(what);
+}
+
+StepNorm ShardState::FinishReduction() {
+  absl::MutexLock lock(&step_mu_);
+  StepNorm norm;
+  norm.non_finite = non_finite_;
+  const float trainers = static_cast<float>(job_.num_trainers);
+  for (auto& u : units_) {
+    for (float& g : u->grad) g = g / trainers;
+    norm.total_sum_of_squares += SumOfSquares(u->grad);
+  }
+  return norm;
+}
+
+void ShardState::ApplyStep(const StepNorm& agreed) {
+  int64_t step;
+  int64_t update_count;
+  {
+    absl::MutexLock lock(&step_mu_);
+    step = step_;
+    update_count = applied_updates_ + 1;
+  }
+  const bool skip = agreed.non_finite || !std::isfinite(agreed.total_sum_of_squares);
+  const double norm = std::sqrt(agreed.total_sum_of_squares);
+  AdamWStep adam;
+  adam.lr = LearningRateAt(job_.optimizer, step);
+  adam.count = update_count;
+  adam.grad_scale = static_cast<float>(ClipCoefficient(job_.optimizer.grad_clip, norm));
+  for (auto& unit : units_) {
+    UnitState& u = *unit;
+    std::vector<std::shared_ptr<OneShotWaiter>> ready;
+    {
+      absl::MutexLock unit_lock(&u.mu);
+      if (!skip) {
+        AdamWUpdate(job_.optimizer, adam, u.master, u.m, u.v, u.grad, u.decay_runs);
+        u.Publish();
+      }
+      {
+        // Open the next step's reduction before anyone can fetch version
+        // step + 1 and push for it.
+        absl::MutexLock step_lock(&step_mu_);
+        std::fill(u.grad.begin(), u.grad.end(), 0.0f);
+        std::fill(u.received.begin(), u.received.end(), 0);
+        u.received_count = 0;
+        u.next_rank = 0;
+        u.reduce_step = step + 1;
+        --units_complete_;
+      }
+      u.version = step + 1;
+      auto keep = std::partition(u.waiters.begin(), u.waiters.end(),
+                                 [&](const auto& w) { return w.first > u.version; });
+      for (auto it = keep; it != u.waiters.end(); ++it) ready.push_back(std::move(it->second));
+      u.waiters.erase(keep, u.waiters.end());
+    }
+    for (auto& w : ready) w->Fire(absl::OkStatus());
+  }
+  absl::MutexLock lock(&step_mu_);
+  step_ = step + 1;
+  step_started_ = absl::Now();
+  non_finite_ = false;
+  non_finite_source_.clear();
+  last_grad_norm_ = norm;
+  if (skip) {
+    ++skipped_steps_;
+  } else {
+    ++applied_updates_;
+  }
+}
+
+std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit) const {
+  const UnitState& u = *units_[unit];
+  absl::ReaderMutexLock lock(&u.mu);
+  return {u.version, u.master};
+}
+
+std::string ShardState::DescribeWait() const {
+  absl::MutexLock lock(&step_mu_);
+  const int64_t seconds = absl::ToInt64Seconds(absl::Now() - step_started_);
+  std::map<int, std::vector<int>> missing;  // trainer -> units
+  for (int unit = 0; unit < num_units(); ++unit) {
+    for (int t = 0; t < job_.num_trainers; ++t) {
+      if (!units_[unit]->received[t]) missing[t].push_back(unit);
+    }
+  }
+  if (missing.empty()) {
+    return absl::StrCat("shard ", shard_index_, ", step ", step_,
+                        ": all gradients received; agreeing on the global gradient norm with the "
+                        "other shards for ", seconds, " s");
+  }
+  std::vector<std::string> parts;
+  for (const auto& [trainer, units] : missing) {
+    parts.push_back(absl::StrCat("trainer ", trainer, " (units ", absl::StrJoin(units, ","), ")"));
+  }
+  return absl::StrCat("shard ", shard_index_, ", step ", step_, ": no gradient from ",
+                      absl::StrJoin(parts, ", "), " for ", seconds, " s");
+}
+
+ShardState::Counters ShardState::counters() const {
+  Counters c;
+  int64_t bytes = 0;
+  for (const auto& u : units_) {
+    bytes += static_cast<int64_t>(u->master.size()) * (4 * sizeof(float) + sizeof(uint16_t));
+  }
+  absl::MutexLock lock(&step_mu_);
+  c.applied_updates = applied_updates_;
+  c.skipped_steps = skipped_steps_;
+  c.last_grad_norm = last_grad_norm_;
+  c.state_bytes = bytes;
+  return c;
+}
+
+}  // namespace pshard

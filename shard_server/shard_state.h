@@ -1,0 +1,136 @@
+// The model state one shard server owns: for every unit, its slice of the
+// fp32 master weights, AdamW m and v, the gradient being reduced for the
+// current step, the bf16 published copy and the version; plus the step
+// barrier that says which contributions the current step still needs.
+#ifndef PSHARD_SHARD_SERVER_SHARD_STATE_H_
+#define PSHARD_SHARD_SERVER_SHARD_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deadline_timer.h"
+#include "common/job_config.h"
+#include "common/wire_encoding.h"
+
+namespace pshard {
+
+/// What became of a pushed contribution.
+enum class PushDisposition { kAccepted, kDuplicate, kAcceptedNonFinite };
+
+/// The global agreement on one step's gradient.
+struct StepNorm {
+  double total_sum_of_squares = 0.0;
+  bool non_finite = false;
+};
+
+/// A callback that runs at most once, whichever of publish, deadline or
+/// cancellation comes first. Thread-safe.
+class OneShotWaiter {
+ public:
+  explicit OneShotWaiter(std::function<void(absl::Status)> fn) : fn_(std::move(fn)) {}
+  /// Runs the callback with `status` unless it already ran; true if it ran now.
+  bool Fire(absl::Status status);
+
+ private:
+  std::atomic<bool> fired_{false};
+  std::function<void(absl::Status)> fn_;
+};
+
+/// Owns one shard's model state. All methods are thread-safe.
+class ShardState {
+ public:
+  /// Initialises every owned slice from the job's seed (independent of N).
+  static absl::StatusOr<std::unique_ptr<ShardState>> Create(const JobConfig& job, int shard_index);
+  ~ShardState();
+
+  const JobConfig& job() const { return job_; }
+  const JobLayout& layout() const { return layout_; }
+  int shard_index() const { return shard_index_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int64_t slice_length(int unit) const { return layout_.partitions[unit].slice_length; }
+  /// The step whose contributions are being reduced (= the version trainers fetch).
+  int64_t current_step() const;
+
+  // ---- fetch side ----
+  /// Checks a fetch request: unit exists, version not already gone.
+  absl::Status CheckFetch(int unit, int64_t version) const;
+  /// Calls `waiter` with OK once `unit` is at `version` (at once if it is),
+  /// with FailedPrecondition if the unit has moved past it, or with
+  /// DeadlineExceeded naming what the server waits for at `deadline`.
+  void WhenPublished(int unit, int64_t version, absl::Time deadline,
+                     std::shared_ptr<OneShotWaiter> waiter);
+  /// Copies encoded elements [offset, offset + count) of the unit's slice at
+  /// `version` into `out`; Aborted if the unit moved on meanwhile.
+  absl::Status CopyPublished(int unit, int64_t version, WireEncoding encoding, int64_t offset,
+                             int64_t count, std::string* out) const;
+  /// CRC-32C of the whole encoded slice at the unit's current version.
+  absl::StatusOr<uint32_t> PublishedChecksum(int unit, int64_t version, WireEncoding encoding) const;
+
+  // ---- push side ----
+  /// Validates a push's identity before any data is read.
+  absl::Status CheckPush(int trainer, int64_t step, int unit) const;
+  /// Adds one complete gradient slice (decoded to fp32) to the step's
+  /// reduction, exactly once per (trainer, step, unit).
+  absl::StatusOr<PushDisposition> Contribute(int trainer, int64_t step, int unit,
+                                             std::vector<float> values);
+
+  // ---- the step (called by the step driver) ----
+  /// Blocks until every contribution of the current step is in, or until
+  /// `deadline` (returns DeadlineExceeded describing what is missing).
+  absl::Status AwaitContributions(absl::Time deadline);
+  /// Averages the reduced gradients and returns this shard's sum of squares
+  /// (units in order) and whether a non-finite contribution was seen.
+  StepNorm FinishReduction();
+  /// Applies AdamW with the agreed norm (or skips the update when it is not
+  /// finite), publishes version step+1 unit by unit, and opens the next step.
+  void ApplyStep(const StepNorm& agreed);
+
+  /// Fp32 master slice of a unit and its version (for tests and tools).
+  std::pair<int64_t, std::vector<float>> ReadMaster(int unit) const;
+  /// What the current step still waits for, in words.
+  std::string DescribeWait() const;
+
+  struct Counters {
+    int64_t applied_updates = 0;
+    int64_t skipped_steps = 0;
+    double last_grad_norm = 0.0;
+    int64_t state_bytes = 0;
+  };
+  Counters counters() const;
+
+ private:
+  struct UnitState;
+  ShardState(JobConfig job, JobLayout layout, int shard_index);
+  void AddPendingInOrder(int unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  bool AllContributed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+
+  const JobConfig job_;
+  const JobLayout layout_;
+  const int shard_index_;
+  std::vector<std::unique_ptr<UnitState>> units_;
+
+  mutable absl::Mutex step_mu_;
+  int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;
+  int units_complete_ ABSL_GUARDED_BY(step_mu_) = 0;
+  bool non_finite_ ABSL_GUARDED_BY(step_mu_) = false;
+  std::string non_finite_source_ ABSL_GUARDED_BY(step_mu_);
+  absl::Time step_started_ ABSL_GUARDED_BY(step_mu_);
+  int64_t applied_updates_ ABSL_GUARDED_BY(step_mu_) = 0;
+  int64_t skipped_steps_ ABSL_GUARDED_BY(step_mu_) = 0;
+  double last_grad_norm_ ABSL_GUARDED_BY(step_mu_) = 0.0;
+
+  DeadlineTimer timer_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_SHARD_STATE_H_

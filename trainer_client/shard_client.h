@@ -1,0 +1,95 @@
+// A trainer's connection to every shard server of a job over gRPC: join,
+// fetch a whole unit (its N slices concurrently, into one buffer), push a
+// unit's gradient (its N slices concurrently, each to its owner).
+#ifndef PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_
+#define PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "common/wire_encoding.h"
+
+namespace pshard {
+
+/// One asynchronous unit transfer (a fetch or a push across all shards).
+/// Thread-safe; Wait() may be called from any thread, more than once.
+class UnitTransfer {
+ public:
+  explicit UnitTransfer(int parts);
+  /// Blocks until every shard's part is done; the first error, if any.
+  absl::Status Wait();
+  bool done() const;
+  /// The unit's elements (fetch only): padded length, valid after Wait().
+  std::vector<float>& values() { return values_; }
+  /// When the transfer started and finished (finish valid after Wait()).
+  absl::Time started() const { return started_; }
+  absl::Time finished() const;
+  int64_t wire_bytes() const;
+
+  // Called by the per-shard reactors.
+  void PartDone(absl::Status status, int64_t wire_bytes);
+
+ private:
+  friend class ShardClient;
+  mutable absl::Mutex mu_;
+  int remaining_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t wire_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time finished_ ABSL_GUARDED_BY(mu_);
+  const absl::Time started_;
+  std::vector<float> values_;
+};
+
+class ShardClient {
+ public:
+  struct Options {
+    std::vector<std::string> server_addresses;  ///< all N servers, any order
+    int trainer_rank = 0;                       ///< -1 for tools that only read
+    WireEncoding encoding = WireEncoding::kFp32;
+    absl::Duration join_timeout = absl::Seconds(30);  ///< servers may still be starting
+    absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
+    int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
+  };
+
+  /// Joins every server, checks that they run the same job and together
+  /// cover shards 0..N-1, and derives the layout.
+  static absl::StatusOr<std::unique_ptr<ShardClient>> Connect(Options options);
+  ~ShardClient();
+
+  const JobConfig& job() const { return job_; }
+  const JobLayout& layout() const { return layout_; }
+  /// The step the servers were at when this client joined.
+  int64_t joined_step() const { return joined_step_; }
+  const Options& options() const { return options_; }
+
+  /// Starts fetching `unit` at `version` from all shards into one buffer of
+  /// the unit's padded length. The checksum of every slice is verified.
+  std::shared_ptr<UnitTransfer> StartFetch(int unit, int64_t version);
+  /// Starts pushing the gradient of `unit` for `step`: `grads` has the
+  /// unit's padded length (padding zero); slice s goes to shard s.
+  std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads);
+
+  /// Reads a unit's fp32 master weights from every shard (unpadded).
+  absl::StatusOr<std::vector<float>> ReadMasterUnit(int unit);
+
+ private:
+  struct Shard;
+  explicit ShardClient(Options options);
+
+  Options options_;
+  JobConfig job_;
+  JobLayout layout_;
+  int64_t joined_step_ = 0;
+  std::vector<std::unique_ptr<Shard>> shards_;  // indexed by shard index
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_

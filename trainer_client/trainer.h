@@ -1,0 +1,69 @@
+// One training step of a trainer: fetch each unit just in time (prefetching
+// the next ones), compute, drop it, push its gradient to the owners; and the
+// accounting of where the step's wall time went.
+#ifndef PSHARD_TRAINER_CLIENT_TRAINER_H_
+#define PSHARD_TRAINER_CLIENT_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "trainer_client/data/dataset.h"
+#include "trainer_client/model/gpt.h"
+#include "trainer_client/shard_client.h"
+
+namespace pshard {
+
+struct TrainerOptions {
+  int batch = 8;            ///< sequences per micro-batch
+  int seq_len = 64;         ///< tokens per sequence (<= model context)
+  int prefetch_depth = 1;   ///< units fetched ahead of the one computing
+  uint64_t data_seed = 1;   ///< data order is a function of (seed, step, rank)
+};
+
+/// Disjoint phases of one step; compute + comm_exposed + data + other = wall.
+struct StepTimes {
+  absl::Duration wall;
+  absl::Duration compute;       ///< forward and backward
+  absl::Duration comm_exposed;  ///< waiting for fetches and pushes
+  absl::Duration data;          ///< sampling the micro-batch
+  absl::Duration other;         ///< the rest (bookkeeping, gradient packing)
+  absl::Duration comm_busy;     ///< time any transfer was in flight (not a phase)
+};
+
+struct StepReport {
+  int64_t step = 0;
+  double loss = 0.0;
+  int64_t tokens = 0;
+  int64_t bytes_fetched = 0;
+  int64_t bytes_pushed = 0;
+  StepTimes times;
+};
+
+/// Runs steps for one trainer rank. Not thread-safe; one per thread.
+class Trainer {
+ public:
+  /// `client` and `data` must outlive the trainer.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ShardClient* client, const TokenDataset* data,
+                                                         TrainerOptions options);
+
+  /// Trains step `step` (fetching version `step` of every unit) and returns
+  /// once every gradient push of the step is acknowledged.
+  absl::StatusOr<StepReport> RunStep(int64_t step);
+
+  int rank() const { return client_->options().trainer_rank; }
+  const CpuGpt<float>& model() const { return model_; }
+
+ private:
+  Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, CpuGpt<float> model);
+
+  ShardClient* const client_;
+  const TokenDataset* const data_;
+  const TrainerOptions options_;
+  CpuGpt<float> model_;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_TRAINER_H_

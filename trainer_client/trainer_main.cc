@@ -1,0 +1,155 @@
+// pshard-trainer: a CPU trainer rank. Fetches every unit just in time from
+// the shard servers, computes, pushes gradients, and reports where the time
+// goes.
+#include <cblas.h>
+
+#include <atomic>
+#include <cstdio>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/signals.h"
+#include "trainer_client/data/default_corpus.h"
+#include "trainer_client/trainer.h"
+
+ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
+ABSL_FLAG(int, rank, 0, "this trainer's rank, 0..M-1");
+ABSL_FLAG(int64_t, steps, 100, "train until this step (exclusive)");
+ABSL_FLAG(int, batch, 8, "sequences per micro-batch");
+ABSL_FLAG(int, seq_len, 64, "tokens per sequence (<= model context)");
+ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing (0: none)");
+ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
+ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
+ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
+ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)");
+ABSL_FLAG(int, blas_threads, 1, "BLAS threads for this trainer");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(120), "deadline of every fetch and push");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
+
+namespace {
+
+std::string Ms(absl::Duration d) { return absl::StrFormat("%.0f ms", absl::ToDoubleMilliseconds(d)); }
+
+std::string Rate(double per_second) {
+  if (per_second >= 1e6) return absl::StrFormat("%.1fM", per_second / 1e6);
+  if (per_second >= 1e3) return absl::StrFormat("%.1fk", per_second / 1e3);
+  return absl::StrFormat("%.0f", per_second);
+}
+
+int Run() {
+  static std::atomic<bool> stop{false};
+  pshard::CallOnTerminationSignal([](int) { stop = true; });
+  openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
+
+  absl::StatusOr<pshard::WireEncoding> encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
+  if (!encoding.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", encoding.status().ToString().c_str());
+    return 2;
+  }
+  pshard::ShardClient::Options copts;
+  copts.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  copts.trainer_rank = absl::GetFlag(FLAGS_rank);
+  copts.encoding = *encoding;
+  copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  auto client = pshard::ShardClient::Connect(copts);
+  if (!client.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  const std::string path = absl::GetFlag(FLAGS_data);
+  absl::StatusOr<pshard::TokenDataset> data =
+      path.empty() ? pshard::TokenDataset::FromText(pshard::DefaultCorpus()) : pshard::TokenDataset::FromFile(path);
+  if (!data.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", data.status().ToString().c_str());
+    return 2;
+  }
+  pshard::TrainerOptions topts;
+  topts.batch = absl::GetFlag(FLAGS_batch);
+  topts.seq_len = absl::GetFlag(FLAGS_seq_len);
+  topts.prefetch_depth = absl::GetFlag(FLAGS_prefetch);
+  topts.data_seed = absl::GetFlag(FLAGS_data_seed);
+  auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
+  if (!trainer.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", trainer.status().ToString().c_str());
+    return 2;
+  }
+  const pshard::JobConfig& job = (*client)->job();
+  const int rank = copts.trainer_rank;
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int log_every = absl::GetFlag(FLAGS_log_every);
+  const int64_t first = (*client)->joined_step();
+  if (rank == 0) {
+    std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
+                "prefetch %d; %.1f MiB of activations per trainer\n",
+                static_cast<long long>((*client)->layout().spec.TotalParameters()),
+                (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
+                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
+                (*trainer)->model().ActivationBytes() / 1048576.0);
+    std::fflush(stdout);
+  }
+
+  std::deque<double> recent_losses;
+  pshard::StepTimes window, total;
+  int window_steps = 0;
+  int64_t done = 0;
+  for (int64_t step = first; step < steps && !stop; ++step) {
+    absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
+    if (!r.ok()) {
+      std::fprintf(stderr, "pshard-trainer %d: step %lld failed: %s\n", rank, static_cast<long long>(step),
+                   r.status().ToString().c_str());
+      return 1;
+    }
+    ++done;
+    recent_losses.push_back(r->loss);
+    if (recent_losses.size() > 10) recent_losses.pop_front();
+    for (pshard::StepTimes* t : {&window, &total}) {
+      t->wall += r->times.wall;
+      t->compute += r->times.compute;
+      t->comm_exposed += r->times.comm_exposed;
+      t->comm_busy += r->times.comm_busy;
+      t->data += r->times.data;
+      t->other += r->times.other;
+    }
+    ++window_steps;
+    if (log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
+      const double tokens = static_cast<double>(r->tokens) * job.num_trainers * window_steps;
+      std::printf("step %lld/%lld | loss %.3f | %s tok/s | compute %s | comm %s (exposed %s)\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(steps), r->loss,
+                  Rate(tokens / absl::ToDoubleSeconds(window.wall)).c_str(),
+                  Ms(window.compute / window_steps).c_str(), Ms(window.comm_busy / window_steps).c_str(),
+                  Ms(window.comm_exposed / window_steps).c_str());
+      std::fflush(stdout);
+      window = pshard::StepTimes();
+      window_steps = 0;
+    }
+  }
+  if (done == 0) return stop ? 130 : 0;
+  double final_loss = 0.0;
+  for (double l : recent_losses) final_loss += l;
+  final_loss /= static_cast<double>(recent_losses.size());
+  const double wall = absl::ToDoubleSeconds(total.wall);
+  auto pct = [&](absl::Duration d) { return 100.0 * absl::ToDoubleSeconds(d) / wall; };
+  std::printf("trainer %d summary: %lld steps | final loss %.3f (mean of last %zu steps) | unigram entropy "
+              "%.3f nats\n  time: compute %.1f%% | exposed comm %.1f%% | data %.1f%% | other %.1f%% | comm "
+              "busy %.1f%% (hidden behind compute: %.1f%%)\n",
+              rank, static_cast<long long>(done), final_loss, recent_losses.size(),
+              data->UnigramEntropyNats(), pct(total.compute), pct(total.comm_exposed), pct(total.data),
+              pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed));
+  std::fflush(stdout);
+  return stop ? 130 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pshard-trainer --servers=h:p,h:p,... --rank=R [--steps=S ...]");
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}
