@@ -1,0 +1,50 @@
+#include "tests/testutil/local_cluster.h"
+
+#include "common/status_macros.h"
+
+namespace pshard::testing {
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfig& job, Options options) {
+  auto cluster = std::make_unique<LocalCluster>();
+  for (int s = 0; s < job.num_shards; ++s) {
+    ShardServer::Spec spec;
+    spec.job = job;
+    spec.shard_index = s;
+    spec.address = "127.0.0.1:0";
+    if (s > 0) spec.coordinator_address = cluster->servers_[0]->address();
+    spec.fetch_wait_limit = options.fetch_wait_limit;
+    spec.step_timeout = options.step_timeout;
+    spec.max_message_bytes = options.max_message_bytes;
+    ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
+    cluster->servers_.push_back(std::move(server));
+  }
+  return cluster;
+}
+
+std::vector<std::string> LocalCluster::addresses() const {
+  std::vector<std::string> out;
+  for (const auto& s : servers_) out.push_back(s->address());
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, WireEncoding encoding) const {
+  ShardClient::Options options;
+  options.server_addresses = addresses();
+  options.trainer_rank = rank;
+  options.encoding = encoding;
+  options.join_timeout = absl::Seconds(10);
+  options.rpc_timeout = absl::Seconds(60);
+  return ShardClient::Connect(options);
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> LocalCluster::ReadMasterWeights() const {
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> client, Connect(-1, WireEncoding::kFp32));
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < client->layout().spec.units.size(); ++u) {
+    ASSIGN_OR_RETURN(std::vector<float> unit, client->ReadMasterUnit(static_cast<int>(u)));
+    out.push_back(std::move(unit));
+  }
+  return out;
+}
+
+}  // namespace pshard::testing

@@ -1,0 +1,46 @@
+// N real shard servers in this process on 127.0.0.1:0, for tests.
+#ifndef PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_
+#define PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/job_config.h"
+#include "shard_server/server.h"
+#include "trainer_client/shard_client.h"
+
+namespace pshard::testing {
+
+class LocalCluster {
+ public:
+  struct Options {
+    absl::Duration fetch_wait_limit = absl::Seconds(60);
+    absl::Duration step_timeout = absl::Seconds(30);
+    int max_message_bytes = 4 << 20;
+  };
+  /// Starts shard 0 (the coordinator) and then shards 1..N-1.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job, Options options);
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job) {
+    return Start(job, Options());
+  }
+
+  /// Addresses in shard order.
+  std::vector<std::string> addresses() const;
+  ShardServer& server(int shard) { return *servers_[shard]; }
+  int num_shards() const { return static_cast<int>(servers_.size()); }
+
+  /// A connected client for `rank` (-1: a reader that is not a trainer).
+  absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncoding encoding) const;
+  /// Every unit's fp32 master weights, unpadded, read through the protocol.
+  absl::StatusOr<std::vector<std::vector<float>>> ReadMasterWeights() const;
+
+ private:
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+};
+
+}  // namespace pshard::testing
+
+#endif  // PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_

@@ -1,0 +1,104 @@
+#include "tests/testutil/reference_training.h"
+
+#include <cmath>
+
+#include "common/status_macros.h"
+#include "shard_server/optimizer.h"
+
+namespace pshard::testing {
+
+ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncoding encoding,
+                                     TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model)
+    : job_(std::move(job)), layout_(std::move(layout)), encoding_(encoding), trainer_(trainer),
+      data_(data), model_(std::move(model)) {
+  for (size_t u = 0; u < layout_.spec.units.size(); ++u) {
+    const int64_t padded = layout_.partitions[u].padded_numel();
+    std::vector<float> w(padded);
+    InitializeUnitRange(layout_.spec.units[u], job_.seed, 0, w);
+    master_.push_back(std::move(w));
+    m_.emplace_back(padded, 0.0f);
+    v_.emplace_back(padded, 0.0f);
+  }
+}
+
+absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncoding encoding,
+                                                            const TrainerOptions& trainer,
+                                                            const TokenDataset* data) {
+  ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
+  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(layout.spec, trainer.batch, trainer.seq_len));
+  return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model));
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGradient(int64_t step, int rank) {
+  const size_t n = static_cast<size_t>(trainer_.batch) * trainer_.seq_len;
+  std::vector<int32_t> tokens(n), targets(n);
+  RETURN_IF_ERROR(data_->SampleBatch(trainer_.data_seed, step, rank, 0, trainer_.batch, trainer_.seq_len,
+                                     tokens, targets));
+  RETURN_IF_ERROR(model_.SetBatch(tokens, targets));
+  std::vector<std::vector<float>> weights = master_;
+  for (auto& w : weights) RoundTripInPlace(encoding_, w);
+  std::vector<std::vector<float>> grads;
+  ASSIGN_OR_RETURN(float loss, LossAndGradients(model_, weights, &grads));
+  (void)loss;
+  for (size_t u = 0; u < grads.size(); ++u) {
+    grads[u].resize(layout_.partitions[u].padded_numel(), 0.0f);
+    RoundTripInPlace(encoding_, grads[u]);
+  }
+  return grads;
+}
+
+absl::Status ReferenceTraining::Step(int64_t step) {
+  const size_t units = master_.size();
+  std::vector<std::vector<float>> sum(units);
+  for (size_t u = 0; u < units; ++u) sum[u].assign(master_[u].size(), 0.0f);
+  bool non_finite = false;
+  for (int r = 0; r < job_.num_trainers; ++r) {
+    ASSIGN_OR_RETURN(std::vector<std::vector<float>> g, MicroBatchGradient(step, r));
+    for (size_t u = 0; u < units; ++u) {
+      bool finite = true;
+      for (float x : g[u]) finite = finite && std::isfinite(x);
+      non_finite = non_finite || !finite;
+      if (!finite) continue;  // the servers drop a non-finite contribution
+      for (size_t i = 0; i < g[u].size(); ++i) sum[u][i] += g[u][i];
+    }
+  }
+  const float trainers = static_cast<float>(job_.num_trainers);
+  for (auto& s : sum) {
+    for (float& x : s) x = x / trainers;
+  }
+  // The norm is summed shard by shard (units in order within a shard), as
+  // the servers' agreement does.
+  double total = 0.0;
+  for (int s = 0; s < job_.num_shards; ++s) {
+    double partial = 0.0;
+    for (size_t u = 0; u < units; ++u) {
+      const SliceRange slice = layout_.partitions[u].Slice(s);
+      partial += SumOfSquares(std::span<const float>(sum[u].data() + slice.begin, slice.length));
+    }
+    total += partial;
+  }
+  if (non_finite || !std::isfinite(total)) {
+    ++skipped_;
+    return absl::OkStatus();
+  }
+  AdamWStep adam;
+  adam.lr = LearningRateAt(job_.optimizer, step);
+  adam.count = ++applied_;
+  adam.grad_scale = static_cast<float>(ClipCoefficient(job_.optimizer.grad_clip, std::sqrt(total)));
+  for (size_t u = 0; u < units; ++u) {
+    const std::vector<ElementRun> runs =
+        WeightDecayRuns(layout_.spec.units[u], 0, static_cast<int64_t>(master_[u].size()));
+    AdamWUpdate(job_.optimizer, adam, master_[u], m_[u], v_[u], sum[u], runs);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
+  std::vector<std::vector<float>> out;
+  for (size_t u = 0; u < master_.size(); ++u) {
+    out.emplace_back(master_[u].begin(), master_[u].begin() + layout_.spec.units[u].numel);
+  }
+  return out;
+}
+
+}  // namespace pshard::testing

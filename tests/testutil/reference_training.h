@@ -1,0 +1,51 @@
+// Unsharded training in one process: the parity oracle. It trains the same
+// model on the same micro-batches as M trainers against N servers and
+// applies the same roundings (the wire encoding on weights and gradients,
+// contributions summed in rank order, the norm summed shard by shard).
+#ifndef PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
+#define PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_config.h"
+#include "common/wire_encoding.h"
+#include "trainer_client/data/dataset.h"
+#include "trainer_client/model/gpt.h"
+#include "trainer_client/trainer.h"
+
+namespace pshard::testing {
+
+class ReferenceTraining {
+ public:
+  static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncoding encoding,
+                                                  const TrainerOptions& trainer, const TokenDataset* data);
+
+  /// The gradient of micro-batch `rank` at `step` with the current weights
+  /// as the wire delivers them (padded per unit, wire-rounded).
+  absl::StatusOr<std::vector<std::vector<float>>> MicroBatchGradient(int64_t step, int rank);
+  /// One optimizer step over all M micro-batches.
+  absl::Status Step(int64_t step);
+
+  /// Master weights per unit, unpadded.
+  std::vector<std::vector<float>> MasterWeights() const;
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  ReferenceTraining(JobConfig job, JobLayout layout, WireEncoding encoding, TrainerOptions trainer,
+                    const TokenDataset* data, CpuGpt<float> model);
+
+  JobConfig job_;
+  JobLayout layout_;
+  WireEncoding encoding_;
+  TrainerOptions trainer_;
+  const TokenDataset* data_;
+  CpuGpt<float> model_;
+  std::vector<std::vector<float>> master_, m_, v_;  // padded per unit
+  int64_t applied_ = 0;
+  int64_t skipped_ = 0;
+};
+
+}  // namespace pshard::testing
+
+#endif  // PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
