@@ -1,0 +1,32 @@
+// `pshard local`: a whole job on this machine — N shard server processes and
+// M trainer processes on loopback — started in order, watched, and shut
+// down cleanly at the end, on failure, or on Ctrl-C.
+#ifndef PSHARD_TOOLS_LOCAL_CLUSTER_H_
+#define PSHARD_TOOLS_LOCAL_CLUSTER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace pshard {
+
+struct LocalClusterSpec {
+  int num_servers = 4;
+  int num_trainers = 2;
+  std::string bin_dir;  ///< holds pshard-server and pshard-trainer
+  std::string run_dir;  ///< logs and port files
+  /// Flags passed to every server (model, optimizer, counts are added).
+  std::vector<std::string> server_flags;
+  /// Flags passed to every trainer (servers and rank are added).
+  std::vector<std::string> trainer_flags;
+};
+
+/// Runs the job to completion. Trainer 0 writes to this process's output;
+/// the others and the servers write to logs in run_dir. Returns an error
+/// naming the process that failed (with the tail of its log).
+absl::Status RunLocalCluster(const LocalClusterSpec& spec);
+
+}  // namespace pshard
+
+#endif  // PSHARD_TOOLS_LOCAL_CLUSTER_H_

@@ -1,0 +1,110 @@
+// pshard: the command-line tool. Subcommands:
+//   pshard local [flags]   train on a local cluster of N servers and M trainers
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "tools/local_cluster.h"
+
+ABSL_FLAG(int, servers, 4, "N: shard server processes");
+ABSL_FLAG(int, trainers, 2, "M: trainer processes");
+ABSL_FLAG(int64_t, steps, 300, "training steps");
+ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
+ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
+ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
+ABSL_FLAG(std::string, encoding, "bf16", "wire encoding: fp32 or bf16");
+ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
+ABSL_FLAG(int, layers, 4, "transformer blocks");
+ABSL_FLAG(int, d_model, 128, "model width");
+ABSL_FLAG(int, heads, 4, "attention heads");
+ABSL_FLAG(int, context, 64, "maximum sequence length");
+ABSL_FLAG(double, lr, 2e-3, "peak learning rate");
+ABSL_FLAG(double, min_lr, 2e-4, "final learning rate");
+ABSL_FLAG(int64_t, warmup_steps, 20, "warm-up steps");
+ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
+ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
+ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
+ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
+ABSL_FLAG(std::string, bin_dir, "", "folder of pshard-server and pshard-trainer (default: next to pshard)");
+
+namespace {
+
+std::string SelfDir() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, n);
+  return path.substr(0, path.rfind('/'));
+}
+
+int RunLocal() {
+  pshard::LocalClusterSpec spec;
+  spec.num_servers = absl::GetFlag(FLAGS_servers);
+  spec.num_trainers = absl::GetFlag(FLAGS_trainers);
+  spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
+  spec.run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (spec.run_dir.empty()) {
+    char tmpl[] = "/tmp/pshard-local-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      std::perror("pshard: mkdtemp");
+      return 1;
+    }
+    spec.run_dir = tmpl;
+  }
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  spec.server_flags = {
+      absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
+      absl::StrCat("--d_model=", absl::GetFlag(FLAGS_d_model)),
+      absl::StrCat("--heads=", absl::GetFlag(FLAGS_heads)),
+      absl::StrCat("--context=", absl::GetFlag(FLAGS_context)),
+      absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
+      absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
+      absl::StrCat("--min_lr=", absl::GetFlag(FLAGS_min_lr)),
+      absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
+      absl::StrCat("--total_steps=", steps),
+      absl::StrCat("--grad_clip=", absl::GetFlag(FLAGS_grad_clip)),
+      absl::StrCat("--weight_decay=", absl::GetFlag(FLAGS_weight_decay)),
+  };
+  spec.trainer_flags = {
+      absl::StrCat("--steps=", steps),
+      absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+      absl::StrCat("--seq_len=", absl::GetFlag(FLAGS_seq_len)),
+      absl::StrCat("--prefetch=", absl::GetFlag(FLAGS_prefetch)),
+      absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
+      absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
+      absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
+  };
+  absl::Status s = pshard::RunLocalCluster(spec);
+  if (absl::IsCancelled(s)) return 130;
+  if (!s.ok()) {
+    std::fprintf(stderr, "pshard: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "pshard <command> [flags]\n"
+      "  local   train a GPT on a local cluster: N shard servers + M trainers on loopback");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  const std::string command = args[1];
+  if (command == "local") return RunLocal();
+  std::fprintf(stderr, "pshard: unknown command '%s'\n%s\n", command.c_str(), absl::ProgramUsageMessage().data());
+  return 2;
+}
