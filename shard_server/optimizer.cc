@@ -9,8 +9,9 @@ double LearningRateAt(const OptimizerConfig& config, int64_t step) {
   if (config.warmup_steps > 0 && step < config.warmup_steps) {
     return config.lr * static_cast<double>(step + 1) / static_cast<double>(config.warmup_steps);
   }
-  if (config.total_steps <= config.warmup_steps) return config.lr;
+  if (config.total_steps <= 0) return config.lr;
   if (step >= config.total_steps) return config.min_lr;
+  // Here warmup_steps <= step < total_steps, so the cosine has positive length.
   const double progress = static_cast<double>(step - config.warmup_steps) /
                           static_cast<double>(config.total_steps - config.warmup_steps);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));

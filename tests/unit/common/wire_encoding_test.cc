@@ -1,0 +1,152 @@
+#include "common/wire_encoding.h"
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/bf16.h"
+#include "gtest/gtest.h"
+
+namespace pshard {
+namespace {
+
+constexpr WireEncoding kAllEncodings[] = {WireEncoding::kFp32, WireEncoding::kBf16};
+
+uint32_t Bits(float v) { return std::bit_cast<uint32_t>(v); }
+
+std::vector<float> TestValues() {
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -3.25f,
+                               1.0f + 0x1.0p-8f,  // a bf16 tie
+                               0x1.0p-140f,       // subnormal
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::quiet_NaN(),
+                               std::bit_cast<float>(0x7f800001u)};
+  uint32_t state = 99;
+  for (int i = 0; i < 500; ++i) {
+    state = state * 1664525u + 1013904223u;
+    values.push_back(std::bit_cast<float>(state));
+  }
+  return values;
+}
+
+TEST(WireEncodingTest, BytesPerElement) {
+  EXPECT_EQ(BytesPerElement(WireEncoding::kFp32), 4u);
+  EXPECT_EQ(BytesPerElement(WireEncoding::kBf16), 2u);
+}
+
+TEST(WireEncodingTest, NamesRoundTrip) {
+  EXPECT_EQ(WireEncodingName(WireEncoding::kFp32), "fp32");
+  EXPECT_EQ(WireEncodingName(WireEncoding::kBf16), "bf16");
+  for (WireEncoding e : kAllEncodings) {
+    absl::StatusOr<WireEncoding> parsed = ParseWireEncoding(WireEncodingName(e));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, e);
+  }
+}
+
+TEST(WireEncodingTest, ParseRejectsUnknownNames) {
+  for (const char* name : {"", "fp16", "FP32", "Bf16", "bf16 ", "float32"}) {
+    absl::StatusOr<WireEncoding> parsed = ParseWireEncoding(name);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << "'" << name << "'";
+  }
+}
+
+TEST(WireEncodingTest, Fp32IsBitExact) {
+  const std::vector<float> values = TestValues();
+  std::vector<std::byte> wire(values.size() * 4);
+  EncodeElements(WireEncoding::kFp32, values, wire.data());
+  EXPECT_EQ(std::memcmp(wire.data(), values.data(), wire.size()), 0);
+  std::vector<float> decoded(values.size());
+  DecodeElements(WireEncoding::kFp32, wire.data(), decoded);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(Bits(decoded[i]), Bits(values[i])) << i;
+
+  std::vector<float> round_trip = values;
+  RoundTripInPlace(WireEncoding::kFp32, round_trip);
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(Bits(round_trip[i]), Bits(values[i])) << i;
+}
+
+TEST(WireEncodingTest, Bf16UsesTheBf16Conversion) {
+  const std::vector<float> values = TestValues();
+  std::vector<std::byte> wire(values.size() * 2);
+  EncodeElements(WireEncoding::kBf16, values, wire.data());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint16_t b;
+    std::memcpy(&b, wire.data() + 2 * i, 2);
+    ASSERT_EQ(b, FloatToBf16(values[i])) << i;
+  }
+  std::vector<float> decoded(values.size());
+  DecodeElements(WireEncoding::kBf16, wire.data(), decoded);
+  std::vector<float> round_trip = values;
+  RoundTripInPlace(WireEncoding::kBf16, round_trip);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint32_t expected = Bits(Bf16ToFloat(FloatToBf16(values[i])));
+    ASSERT_EQ(Bits(decoded[i]), expected) << i;
+    ASSERT_EQ(Bits(round_trip[i]), expected) << "RoundTripInPlace disagrees with the wire at " << i;
+  }
+}
+
+TEST(WireEncodingTest, RoundTripMatchesEncodeDecodeForEveryEncoding) {
+  const std::vector<float> values = TestValues();
+  for (WireEncoding e : kAllEncodings) {
+    SCOPED_TRACE(std::string(WireEncodingName(e)));
+    std::vector<std::byte> wire(values.size() * BytesPerElement(e));
+    EncodeElements(e, values, wire.data());
+    std::vector<float> decoded(values.size());
+    DecodeElements(e, wire.data(), decoded);
+    std::vector<float> round_trip = values;
+    RoundTripInPlace(e, round_trip);
+    for (size_t i = 0; i < values.size(); ++i)
+      ASSERT_EQ(Bits(round_trip[i]), Bits(decoded[i])) << i;
+    // Decoded values are fixed points: sending them again changes nothing.
+    std::vector<float> again = decoded;
+    RoundTripInPlace(e, again);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (std::isnan(decoded[i])) continue;
+      ASSERT_EQ(Bits(again[i]), Bits(decoded[i])) << i;
+    }
+  }
+}
+
+TEST(WireEncodingTest, UnalignedBuffersAndExactSize) {
+  const std::vector<float> values = {1.5f, -2.0f, 3.0f, 0.1f, 1e30f};
+  for (WireEncoding e : kAllEncodings) {
+    SCOPED_TRACE(std::string(WireEncodingName(e)));
+    const size_t size = values.size() * BytesPerElement(e);
+    for (size_t offset = 0; offset < 8; ++offset) {
+      std::vector<std::byte> buffer(size + 16, std::byte{0x5a});
+      EncodeElements(e, values, buffer.data() + offset);
+      for (size_t i = 0; i < offset; ++i) ASSERT_EQ(buffer[i], std::byte{0x5a}) << "before";
+      for (size_t i = offset + size; i < buffer.size(); ++i) {
+        ASSERT_EQ(buffer[i], std::byte{0x5a}) << "wrote past the encoded size";
+      }
+      std::vector<float> decoded(values.size());
+      DecodeElements(e, buffer.data() + offset, decoded);
+      std::vector<float> expected = values;
+      RoundTripInPlace(e, expected);
+      for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(decoded[i], expected[i]) << i;
+    }
+  }
+}
+
+TEST(WireEncodingTest, EmptySpans) {
+  for (WireEncoding e : kAllEncodings) {
+    std::byte unused{};
+    EncodeElements(e, {}, &unused);
+    DecodeElements(e, &unused, {});
+    RoundTripInPlace(e, {});
+  }
+}
+
+}  // namespace
+}  // namespace pshard
