@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
 #include "common/partition.h"
-#include "shard_server/optimizer.h"
+#include "common/optimizer.h"
 
 namespace pshard {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/bf16.h"
 #include "common/checksum.h"
-#include "shard_server/optimizer.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 
 namespace pshard {

@@ -19,12 +19,13 @@ class Prefetcher {
 
   /// Waits for the unit at schedule position `i`; the wait is exposed time.
   absl::StatusOr<std::shared_ptr<UnitTransfer>> Get(size_t i, absl::Duration* exposed) {
+    // Issuing fetches is communication work done on this thread: exposed.
+    const absl::Time wait_start = absl::Now();
     const size_t last = std::min(schedule_.size() - 1, i + static_cast<size_t>(depth_));
     for (; started_ <= last; ++started_) {
       transfers_[started_] = client_->StartFetch(schedule_[started_], version_);
     }
     std::shared_ptr<UnitTransfer> t = std::move(transfers_[i]);
-    const absl::Time wait_start = absl::Now();
     absl::Status s = t->Wait();
     *exposed += absl::Now() - wait_start;
     busy_.Add(t->started(), t->finished());
@@ -128,7 +129,9 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
     times.compute += absl::Now() - t0;
     w.reset();  // drop the weights as soon as they are used
     if (u == k - 1) last_unit.reset();
+    t0 = absl::Now();
     pushes.push_back(client_->StartPush(u, step, std::move(grads)));
+    times.comm_exposed += absl::Now() - t0;
   }
 
   absl::Status push_status;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "common/status_macros.h"
-#include "shard_server/optimizer.h"
+#include "common/optimizer.h"
 
 namespace pshard::testing {
 

@@ -1,4 +1,4 @@
-#include "shard_server/optimizer.h"
+#include "common/optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // AdamW with torch.optim.AdamW semantics, the learning-rate schedule and
 // global-norm clipping helpers. Pure functions over spans; no state.
-#ifndef PSHARD_SHARD_SERVER_OPTIMIZER_H_
-#define PSHARD_SHARD_SERVER_OPTIMIZER_H_
+#ifndef PSHARD_COMMON_OPTIMIZER_H_
+#define PSHARD_COMMON_OPTIMIZER_H_
 
 #include <cstdint>
 #include <span>
@@ -53,4 +53,4 @@ void AdamWUpdate(const OptimizerConfig& config, const AdamWStep& step, std::span
 
 }  // namespace pshard
 
-#endif  // PSHARD_SHARD_SERVER_OPTIMIZER_H_
+#endif  // PSHARD_COMMON_OPTIMIZER_H_

@@ -1,0 +1,74 @@
+// End to end: `pshard local` runs real server and trainer processes on
+// loopback, trains, and shuts every process down — at the end and on Ctrl-C.
+#include <signal.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/e2e_util.h"
+
+namespace pshard {
+namespace {
+
+TEST(LocalClusterE2E, TrainsAndShutsDownCleanly) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=3", "--trainers=2", "--steps=60", "--layers=2",
+                                       "--d_model=64", "--heads=2", "--context=32", "--seq_len=32",
+                                       "--log_every=10"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(5));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << "launcher still running after 5 minutes:\n" << out;
+  EXPECT_EQ(*code, 0) << out;
+  const std::vector<double> losses = Losses(out);
+  ASSERT_EQ(losses.size(), 6u) << out;
+  EXPECT_LT(losses.back(), losses.front() - 0.3) << out;
+  EXPECT_NE(out.find("trainer 0 summary: 60 steps"), std::string::npos) << out;
+  EXPECT_NE(out.find("unigram entropy"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 shard servers shut down cleanly"), std::string::npos) << out;
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_NE(ReadFile(absl::StrCat(run_dir, "/server", s, ".log")).find("shutting down at step 60"),
+              std::string::npos);
+  }
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+}
+
+TEST(LocalClusterE2E, CtrlCStopsEveryProcess) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=2", "--steps=100000", "--layers=1",
+                                       "--d_model=32", "--heads=2", "--context=16", "--seq_len=16",
+                                       "--log_every=1"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  // Interrupt once training is under way.
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).size() < 3 && absl::Now() < deadline) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(CountProcessesMentioning(run_dir), 3);  // launcher + servers (+ trainers)
+  launcher->Signal(SIGINT);
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << "launcher did not stop within 60 s of SIGINT:\n" << out;
+  EXPECT_EQ(*code, 130) << out;
+  EXPECT_NE(out.find("interrupted"), std::string::npos) << out;
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0) << "processes left behind";
+}
+
+TEST(LocalClusterE2E, BadFlagsGiveAClearError) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--d_model=30", "--heads=4"});
+  ASSERT_TRUE(launcher.ok());
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("not divisible by heads"), std::string::npos)
+      << ReadFile(run_dir + "/launcher.log");
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+}
+
+}  // namespace
+}  // namespace pshard
