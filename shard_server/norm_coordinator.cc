@@ -43,18 +43,23 @@ void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, a
       while (!rounds_.empty() && rounds_.begin()->first < step - kRoundsKept) rounds_.erase(rounds_.begin());
     } else {
       timer_.Schedule(deadline, [this, step, waiter] {
-        std::vector<int> missing;
+        std::string missing = "(forgotten: later steps have completed)";
         {
           absl::MutexLock lock(&mu_);
           auto it = rounds_.find(step);
-          if (it == rounds_.end() || it->second.total) return;  // completed meanwhile
-          for (int s = 0; s < num_shards_; ++s) {
-            if (!it->second.partials[s]) missing.push_back(s);
+          // A completed round answered its waiters already; one dropped
+          // unfinished (older than kRoundsKept completed steps) has not.
+          if (it != rounds_.end()) {
+            if (it->second.total) return;  // completed meanwhile
+            std::vector<int> shards;
+            for (int s = 0; s < num_shards_; ++s) {
+              if (!it->second.partials[s]) shards.push_back(s);
+            }
+            missing = absl::StrJoin(shards, ",");
           }
         }
         waiter->Fire(absl::DeadlineExceededError(absl::StrCat(
-            "step ", step, ": no gradient norm from shard(s) ", absl::StrJoin(missing, ","),
-            " before the deadline")));
+            "step ", step, ": no gradient norm from shard(s) ", missing, " before the deadline")));
       });
     }
   }

@@ -72,6 +72,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   ShardServiceImpl::Options options;
   options.fetch_wait_limit = spec.fetch_wait_limit;
   options.norm_wait_limit = spec.step_timeout;
+  options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
   impl.service = std::make_unique<ShardServiceImpl>(server->state_.get(), impl.coordinator.get(), options);
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -24,6 +24,7 @@ class ShardServer {
     absl::Duration fetch_wait_limit = absl::Seconds(120);
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
+    int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk
   };
 
   /// Builds the state, binds, and starts serving and stepping.

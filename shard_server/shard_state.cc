@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/bf16.h"
 #include "common/checksum.h"
 #include "common/optimizer.h"
 #include "common/status_macros.h"
@@ -25,7 +24,6 @@ struct ShardState::UnitState {
   // Published model state: written by ApplyStep, read by fetches.
   mutable absl::Mutex mu;
   std::vector<float> master, m, v;
-  std::vector<uint16_t> published_bf16;
   uint32_t checksum_fp32 = 0;
   uint32_t checksum_bf16 = 0;
   int64_t version = 0;
@@ -41,10 +39,20 @@ struct ShardState::UnitState {
   int next_rank = 0;                        // ranks below it are in `grad`
   int received_count = 0;
 
+  // Records the checksums of this version's published bytes. The bf16 view
+  // is encoded on demand from the (immutable until the next update) master,
+  // so no second copy of the weights is held.
   void Publish() {
-    EncodeBf16(master, published_bf16);
     checksum_fp32 = Crc32c(master.data(), master.size() * sizeof(float));
-    checksum_bf16 = Crc32c(published_bf16.data(), published_bf16.size() * sizeof(uint16_t));
+    constexpr size_t kBlock = 4096;
+    std::byte encoded[kBlock * sizeof(uint16_t)];
+    uint32_t crc = 0;
+    for (size_t at = 0; at < master.size(); at += kBlock) {
+      const size_t n = std::min(kBlock, master.size() - at);
+      EncodeElements(WireEncoding::kBf16, std::span<const float>(master.data() + at, n), encoded);
+      crc = Crc32c(encoded, n * sizeof(uint16_t), crc);
+    }
+    checksum_bf16 = crc;
   }
 };
 
@@ -69,7 +77,6 @@ absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& 
     unit->m.assign(slice.length, 0.0f);
     unit->v.assign(slice.length, 0.0f);
     unit->grad.assign(slice.length, 0.0f);
-    unit->published_bf16.resize(slice.length);
     unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
     unit->received.assign(job.num_trainers, 0);
     unit->pending.resize(job.num_trainers);
@@ -133,12 +140,9 @@ absl::Status ShardState::CopyPublished(int unit, int64_t version, WireEncoding e
     return absl::OutOfRangeError(absl::StrCat("elements [", offset, ", ", offset + count,
                                               ") are outside the slice of ", u.master.size()));
   }
-  const size_t width = BytesPerElement(encoding);
-  out->resize(count * width);
-  const void* src = encoding == WireEncoding::kFp32
-                        ? static_cast<const void*>(u.master.data() + offset)
-                        : static_cast<const void*>(u.published_bf16.data() + offset);
-  std::memcpy(out->data(), src, count * width);
+  out->resize(count * BytesPerElement(encoding));
+  EncodeElements(encoding, std::span<const float>(u.master.data() + offset, count),
+                 reinterpret_cast<std::byte*>(out->data()));
   return absl::OkStatus();
 }
 
@@ -243,15 +247,28 @@ StepNorm ShardState::FinishReduction() {
 }
 
 void ShardState::ApplyStep(const StepNorm& agreed) {
+  const bool skip = agreed.non_finite || !std::isfinite(agreed.total_sum_of_squares);
+  const double norm = std::sqrt(agreed.total_sum_of_squares);
   int64_t step;
   int64_t update_count;
   {
+    // Close the step before any unit opens the next one: a push for step + 1
+    // may arrive as soon as its unit is published, and what it records (a
+    // non-finite contribution) must not be reset below it.
     absl::MutexLock lock(&step_mu_);
     step = step_;
     update_count = applied_updates_ + 1;
+    step_ = step + 1;
+    step_started_ = absl::Now();
+    non_finite_ = false;
+    non_finite_source_.clear();
+    last_grad_norm_ = norm;
+    if (skip) {
+      ++skipped_steps_;
+    } else {
+      ++applied_updates_;
+    }
   }
-  const bool skip = agreed.non_finite || !std::isfinite(agreed.total_sum_of_squares);
-  const double norm = std::sqrt(agreed.total_sum_of_squares);
   AdamWStep adam;
   adam.lr = LearningRateAt(job_.optimizer, step);
   adam.count = update_count;
@@ -283,17 +300,6 @@ void ShardState::ApplyStep(const StepNorm& agreed) {
       u.waiters.erase(keep, u.waiters.end());
     }
     for (auto& w : ready) w->Fire(absl::OkStatus());
-  }
-  absl::MutexLock lock(&step_mu_);
-  step_ = step + 1;
-  step_started_ = absl::Now();
-  non_finite_ = false;
-  non_finite_source_.clear();
-  last_grad_norm_ = norm;
-  if (skip) {
-    ++skipped_steps_;
-  } else {
-    ++applied_updates_;
   }
 }
 
@@ -329,7 +335,7 @@ ShardState::Counters ShardState::counters() const {
   Counters c;
   int64_t bytes = 0;
   for (const auto& u : units_) {
-    bytes += static_cast<int64_t>(u->master.size()) * (4 * sizeof(float) + sizeof(uint16_t));
+    bytes += static_cast<int64_t>(u->master.size()) * 4 * sizeof(float);  // master, m, v, grad
   }
   absl::MutexLock lock(&step_mu_);
   c.applied_updates = applied_updates_;

@@ -1,6 +1,8 @@
 // The model state one shard server owns: for every unit, its slice of the
 // fp32 master weights, AdamW m and v, the gradient being reduced for the
-// current step, the bf16 published copy and the version; plus the step
+// current step, and the published version (its bytes in every wire encoding
+// are fixed by checksums at publish time and encoded on demand from the
+// master, which does not change until the next version); plus the step
 // barrier that says which contributions the current step still needs.
 #ifndef PSHARD_SHARD_SERVER_SHARD_STATE_H_
 #define PSHARD_SHARD_SERVER_SHARD_STATE_H_

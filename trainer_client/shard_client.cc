@@ -13,9 +13,36 @@
 
 namespace pshard {
 
+// ---- BufferPool ----
+
+std::vector<float> BufferPool::Take(size_t n) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->size() == n) {
+        std::vector<float> out = std::move(*it);
+        free_.erase(it);
+        return out;
+      }
+    }
+  }
+  return std::vector<float>(n);
+}
+
+void BufferPool::Give(std::vector<float> buffer) {
+  absl::MutexLock lock(&mu_);
+  if (free_.size() >= max_free_) free_.erase(free_.begin());
+  free_.push_back(std::move(buffer));
+}
+
 // ---- UnitTransfer ----
 
-UnitTransfer::UnitTransfer(int parts) : remaining_(parts), started_(absl::Now()) {}
+UnitTransfer::UnitTransfer(int parts, std::shared_ptr<BufferPool> pool)
+    : remaining_(parts), started_(absl::Now()), pool_(std::move(pool)) {}
+
+UnitTransfer::~UnitTransfer() {
+  if (pool_ && !values_.empty()) pool_->Give(std::move(values_));
+}
 
 absl::Status UnitTransfer::Wait() {
   absl::MutexLock lock(&mu_);
@@ -54,6 +81,9 @@ struct ShardClient::Shard {
 };
 
 namespace {
+
+// Enough free buffers for a few prefetched units of each size.
+constexpr size_t kPooledBuffers = 8;
 
 std::string Where(int shard, const std::string& address) {
   return absl::StrCat("shard ", shard, " (", address, ")");
@@ -247,7 +277,8 @@ absl::StatusOr<v1::JoinResponse> JoinOne(v1::ShardService::Stub* stub, const std
 
 }  // namespace
 
-ShardClient::ShardClient(Options options) : options_(std::move(options)) {}
+ShardClient::ShardClient(Options options)
+    : options_(std::move(options)), pool_(std::make_shared<BufferPool>(kPooledBuffers)) {}
 ShardClient::~ShardClient() = default;
 
 absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options options) {
@@ -298,9 +329,9 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
 
 std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version) {
   const int n = static_cast<int>(shards_.size());
-  auto transfer = std::make_shared<UnitTransfer>(n);
+  auto transfer = std::make_shared<UnitTransfer>(n, pool_);
   const UnitPartition& p = layout_.partitions[unit];
-  transfer->values_.resize(p.padded_numel());
+  transfer->values_ = pool_->Take(p.padded_numel());
   for (int s = 0; s < n; ++s) {
     new FetchPart(shards_[s]->stub.get(), transfer, s, shards_[s]->address, p.Slice(s), unit, version,
                   options_.encoding, options_.trainer_rank, options_.rpc_timeout);

@@ -18,11 +18,28 @@
 
 namespace pshard {
 
+/// Recycles unit-sized buffers so that fetching a unit does not allocate
+/// and page-fault a fresh buffer every time. Thread-safe.
+class BufferPool {
+ public:
+  explicit BufferPool(size_t max_free) : max_free_(max_free) {}
+  /// A buffer of exactly `n` elements; contents unspecified.
+  std::vector<float> Take(size_t n);
+  void Give(std::vector<float> buffer);
+
+ private:
+  const size_t max_free_;
+  absl::Mutex mu_;
+  std::vector<std::vector<float>> free_ ABSL_GUARDED_BY(mu_);
+};
+
 /// One asynchronous unit transfer (a fetch or a push across all shards).
 /// Thread-safe; Wait() may be called from any thread, more than once.
 class UnitTransfer {
  public:
-  explicit UnitTransfer(int parts);
+  /// `pool`, if given, gets values() back when the transfer is destroyed.
+  UnitTransfer(int parts, std::shared_ptr<BufferPool> pool = nullptr);
+  ~UnitTransfer();
   /// Blocks until every shard's part is done; the first error, if any.
   absl::Status Wait();
   bool done() const;
@@ -45,6 +62,7 @@ class UnitTransfer {
   absl::Time finished_ ABSL_GUARDED_BY(mu_);
   const absl::Time started_;
   std::vector<float> values_;
+  std::shared_ptr<BufferPool> pool_;
 };
 
 class ShardClient {
@@ -88,6 +106,7 @@ class ShardClient {
   JobLayout layout_;
   int64_t joined_step_ = 0;
   std::vector<std::unique_ptr<Shard>> shards_;  // indexed by shard index
+  std::shared_ptr<BufferPool> pool_;
 };
 
 }  // namespace pshard

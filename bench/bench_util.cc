@@ -1,0 +1,76 @@
+#include "bench/bench_util.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tools/process.h"
+
+namespace pshard::bench {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "benchmark failed: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return absl::UnavailableError("cannot bind a loopback port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds) {
+  absl::StatusOr<int> port = PickFreePort();
+  if (!port.ok()) return port.status();
+  absl::StatusOr<ChildProcess> server =
+      ChildProcess::Spawn({"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", absl::StrCat(*port)}, "/dev/null");
+  if (!server.ok()) return server.status();
+  absl::SleepFor(absl::Milliseconds(500));
+  const std::string cmd =
+      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", *port, " -t ", seconds, " -J 2>&1");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError("cannot run iperf3");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  pclose(pipe);
+  server->WaitUntil(absl::Now() + absl::Seconds(5));
+  // The receiver's total: "sum_received": { ... "bits_per_second": X
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(R"re("sum_received"\s*:\s*\{[^}]*"bits_per_second"\s*:\s*([0-9.e+]+))re"))) {
+    return absl::InternalError(absl::StrCat("could not read iperf3's result:\n", out.substr(0, 2000)));
+  }
+  return std::stod(m[1]) / 8.0;
+}
+
+absl::StatusOr<ProcessMemory> ReadProcessMemory(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  if (!in) return absl::NotFoundError(absl::StrCat("no process ", pid));
+  ProcessMemory mem;
+  std::string line;
+  while (std::getline(in, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) mem.rss = kb * 1024;
+    if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) mem.peak_rss = kb * 1024;
+  }
+  return mem;
+}
+
+}  // namespace pshard::bench
