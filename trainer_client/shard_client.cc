@@ -78,6 +78,8 @@ void UnitTransfer::PartDone(absl::Status status, int64_t wire_bytes) {
 struct ShardClient::Shard {
   std::string address;
   std::unique_ptr<v1::ShardService::Stub> stub;
+  std::unique_ptr<EmulatedLink> down;  // server -> trainer
+  std::unique_ptr<EmulatedLink> up;    // trainer -> server
 };
 
 namespace {
@@ -94,14 +96,16 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
  public:
   FetchPart(v1::ShardService::Stub* stub, std::shared_ptr<UnitTransfer> transfer, int shard,
             std::string address, const SliceRange& slice, int unit, int64_t version,
-            WireEncoding encoding, int trainer, absl::Duration timeout)
+            WireEncoding encoding, int trainer, absl::Duration timeout, EmulatedLink* up,
+            EmulatedLink* down, DeadlineTimer* timer)
       : transfer_(std::move(transfer)), shard_(shard), address_(std::move(address)), slice_(slice),
-        unit_(unit), version_(version), encoding_(encoding) {
+        unit_(unit), version_(version), encoding_(encoding), down_(down), timer_(timer) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     request_.set_unit(unit);
     request_.set_version(version);
     request_.set_encoding(EncodingToProto(encoding));
     request_.set_trainer_rank(trainer);
+    request_arrival_ = up->Admit(static_cast<int64_t>(request_.ByteSizeLong()));
     stub->async()->Fetch(&ctx_, &request_, this);
     StartRead(&chunk_);
     StartCall();
@@ -114,7 +118,15 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
       ctx_.TryCancel();
       return;
     }
-    StartRead(&chunk_);
+    // On an emulated link the chunk is usable only once it has "arrived";
+    // reading the next one waits until then (flow control does the rest).
+    arrival_ = down_->Admit(static_cast<int64_t>(chunk_.ByteSizeLong()), request_arrival_);
+    if (arrival_ <= absl::Now()) return StartRead(&chunk_);
+    AddHold();
+    timer_->Schedule(arrival_, [this] {
+      StartRead(&chunk_);
+      RemoveHold();
+    });
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -133,7 +145,13 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
                                                         " from ", Where(shard_, address_), ": ",
                                                         result.message()));
     }
-    transfer_->PartDone(std::move(result), wire_bytes_);
+    if (arrival_ > absl::Now()) {
+      timer_->Schedule(arrival_, [transfer = transfer_, result, bytes = wire_bytes_]() mutable {
+        transfer->PartDone(std::move(result), bytes);
+      });
+    } else {
+      transfer_->PartDone(std::move(result), wire_bytes_);
+    }
     delete this;
   }
 
@@ -168,6 +186,10 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
   const int unit_;
   const int64_t version_;
   const WireEncoding encoding_;
+  EmulatedLink* const down_;
+  DeadlineTimer* const timer_;
+  absl::Time request_arrival_;
+  absl::Time arrival_ = absl::InfinitePast();
   grpc::ClientContext ctx_;
   v1::FetchRequest request_;
   v1::FetchChunk chunk_;
@@ -184,9 +206,11 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
   PushPart(v1::ShardService::Stub* stub, std::shared_ptr<UnitTransfer> transfer,
            std::shared_ptr<const std::vector<float>> grads, int shard, std::string address,
            const SliceRange& slice, int unit, int64_t step, WireEncoding encoding, int trainer,
-           int64_t chunk_bytes, absl::Duration timeout)
+           int64_t chunk_bytes, absl::Duration timeout, EmulatedLink* up, EmulatedLink* down,
+           DeadlineTimer* timer)
       : transfer_(std::move(transfer)), grads_(std::move(grads)), shard_(shard),
         address_(std::move(address)), slice_(slice), unit_(unit), step_(step), encoding_(encoding),
+        up_(up), down_(down), timer_(timer),
         chunk_elements_(std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding)))) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     chunk_.set_trainer_rank(trainer);
@@ -213,7 +237,15 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
       std::fprintf(stderr, "pshard-trainer: %s: %s\n", Where(shard_, address_).c_str(),
                    response_.detail().c_str());
     }
-    transfer_->PartDone(std::move(result), wire_bytes_);
+    // The response travels back over the emulated link too.
+    const absl::Time arrival = down_->Admit(static_cast<int64_t>(response_.ByteSizeLong()));
+    if (arrival > absl::Now()) {
+      timer_->Schedule(arrival, [transfer = transfer_, result, bytes = wire_bytes_]() mutable {
+        transfer->PartDone(std::move(result), bytes);
+      });
+    } else {
+      transfer_->PartDone(std::move(result), wire_bytes_);
+    }
     delete this;
   }
 
@@ -232,7 +264,14 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
     chunk_.set_offset(offset_);
     offset_ += count;
     wire_bytes_ += static_cast<int64_t>(chunk_.ByteSizeLong());
-    StartWrite(&chunk_);
+    // On an emulated link the chunk reaches the server when it has crossed it.
+    const absl::Time arrival = up_->Admit(static_cast<int64_t>(chunk_.ByteSizeLong()));
+    if (arrival <= absl::Now()) return StartWrite(&chunk_);
+    AddHold();
+    timer_->Schedule(arrival, [this] {
+      StartWrite(&chunk_);
+      RemoveHold();
+    });
   }
 
   std::shared_ptr<UnitTransfer> transfer_;
@@ -243,6 +282,9 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
   const int unit_;
   const int64_t step_;
   const WireEncoding encoding_;
+  EmulatedLink* const up_;
+  EmulatedLink* const down_;
+  DeadlineTimer* const timer_;
   const int64_t chunk_elements_;
   grpc::ClientContext ctx_;
   v1::PushChunk chunk_;
@@ -318,6 +360,8 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
     client->shards_[index] = std::make_unique<Shard>();
     client->shards_[index]->address = address;
     client->shards_[index]->stub = std::move(stub);
+    client->shards_[index]->down = std::make_unique<EmulatedLink>(options.link, 2 * index);
+    client->shards_[index]->up = std::make_unique<EmulatedLink>(options.link, 2 * index + 1);
   }
   if (options.trainer_rank >= client->job_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat("trainer rank ", options.trainer_rank,
@@ -334,7 +378,8 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version)
   transfer->values_ = pool_->Take(p.padded_numel());
   for (int s = 0; s < n; ++s) {
     new FetchPart(shards_[s]->stub.get(), transfer, s, shards_[s]->address, p.Slice(s), unit, version,
-                  options_.encoding, options_.trainer_rank, options_.rpc_timeout);
+                  options_.encoding, options_.trainer_rank, options_.rpc_timeout, shards_[s]->up.get(),
+                  shards_[s]->down.get(), &timer_);
   }
   return transfer;
 }
@@ -355,7 +400,8 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
   auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
   for (int s = 0; s < n; ++s) {
     new PushPart(shards_[s]->stub.get(), transfer, shared, s, shards_[s]->address, p.Slice(s), unit, step,
-                 options_.encoding, options_.trainer_rank, options_.chunk_bytes, options_.rpc_timeout);
+                 options_.encoding, options_.trainer_rank, options_.chunk_bytes, options_.rpc_timeout,
+                 shards_[s]->up.get(), shards_[s]->down.get(), &timer_);
   }
   return transfer;
 }

@@ -13,8 +13,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/deadline_timer.h"
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
+#include "trainer_client/link_emulator.h"
 
 namespace pshard {
 
@@ -74,6 +76,7 @@ class ShardClient {
     absl::Duration join_timeout = absl::Seconds(30);  ///< servers may still be starting
     absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
     int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
+    LinkSpec link;  ///< emulated link to every server (default: none)
   };
 
   /// Joins every server, checks that they run the same job and together
@@ -107,6 +110,7 @@ class ShardClient {
   int64_t joined_step_ = 0;
   std::vector<std::unique_ptr<Shard>> shards_;  // indexed by shard index
   std::shared_ptr<BufferPool> pool_;
+  DeadlineTimer timer_;  // delivers emulated-link delays
 };
 
 }  // namespace pshard

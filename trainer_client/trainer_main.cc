@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <string>
 #include <vector>
@@ -30,9 +31,20 @@ ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
 ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)");
 ABSL_FLAG(int, blas_threads, 1, "BLAS threads for this trainer");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(120), "deadline of every fetch and push");
+ABSL_FLAG(std::string, link_rate, "",
+          "emulated bandwidth of each trainer-server link, e.g. 100mbit (default: $PSHARD_LINK_RATE, else none)");
+ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
+ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
 
 namespace {
+
+// A flag's value, or the environment variable's when the flag is empty.
+std::string FlagOrEnv(const std::string& flag, const char* env) {
+  if (!flag.empty()) return flag;
+  const char* value = std::getenv(env);
+  return value == nullptr ? std::string() : std::string(value);
+}
 
 std::string Ms(absl::Duration d) { return absl::StrFormat("%.0f ms", absl::ToDoubleMilliseconds(d)); }
 
@@ -58,6 +70,15 @@ int Run() {
   copts.encoding = *encoding;
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  absl::StatusOr<pshard::LinkSpec> link =
+      pshard::LinkSpec::Parse(FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"),
+                              FlagOrEnv(absl::GetFlag(FLAGS_link_delay), "PSHARD_LINK_DELAY"),
+                              FlagOrEnv(absl::GetFlag(FLAGS_link_jitter), "PSHARD_LINK_JITTER"));
+  if (!link.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", link.status().ToString().c_str());
+    return 2;
+  }
+  copts.link = *link;
   auto client = pshard::ShardClient::Connect(copts);
   if (!client.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
@@ -87,10 +108,10 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
-                "prefetch %d; %.1f MiB of activations per trainer\n",
+                "prefetch %d; links %s; %.1f MiB of activations per trainer\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
-                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
+                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth, copts.link.ToString().c_str(),
                 (*trainer)->model().ActivationBytes() / 1048576.0);
     std::fflush(stdout);
   }
