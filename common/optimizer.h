@@ -42,6 +42,13 @@ struct AdamWStep {
   float grad_scale = 1.0f;  ///< multiplies the gradient first (clipping)
 };
 
+/// Squared norms of one update and of the weights after it (for the
+/// update/weight ratio users watch to spot a diverging run).
+struct AdamWNorms {
+  double update_sum_of_squares = 0.0;
+  double weight_sum_of_squares = 0.0;
+};
+
 /// One AdamW update of `param`, `m`, `v` from `grad` (all the same length),
 /// in the order torch.optim.AdamW (single-tensor path) applies it:
 ///   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = v*b2 + (1-b2) g^2;
@@ -49,7 +56,7 @@ struct AdamWStep {
 /// Weight decay applies only to the elements in `decay_runs`.
 void AdamWUpdate(const OptimizerConfig& config, const AdamWStep& step, std::span<float> param,
                  std::span<float> m, std::span<float> v, std::span<const float> grad,
-                 std::span<const ElementRun> decay_runs);
+                 std::span<const ElementRun> decay_runs, AdamWNorms* norms = nullptr);
 
 }  // namespace pshard
 

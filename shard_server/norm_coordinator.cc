@@ -25,8 +25,14 @@ void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, a
                              std::function<void(absl::StatusOr<StepNorm>)> done) {
   auto waiter = std::make_shared<OneShotWaiter>([done = std::move(done), this, step](absl::Status s) {
     if (!s.ok()) return done(s);
-    absl::MutexLock lock(&mu_);
-    done(*rounds_[step].total);
+    std::optional<StepNorm> total;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = rounds_.find(step);
+      if (it != rounds_.end()) total = it->second.total;
+    }
+    if (!total) return done(absl::InternalError(absl::StrCat("step ", step, ": norm round forgotten")));
+    done(*total);  // outside the lock: `done` finishes RPCs
   });
   std::vector<std::shared_ptr<OneShotWaiter>> ready;
   {

@@ -6,6 +6,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "proto/rpc_util.h"
+#include "common/metrics/metrics_server.h"
 #include "shard_server/norm_coordinator.h"
 #include "shard_server/service.h"
 #include "shard_server/step_driver.h"
@@ -13,6 +14,8 @@
 namespace pshard {
 
 struct ShardServer::Impl {
+  std::unique_ptr<ServerMetrics> metrics;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
   std::unique_ptr<NormCoordinator> coordinator;  // shard 0 only
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub;  // other shards
   std::unique_ptr<ShardServiceImpl> service;
@@ -64,16 +67,35 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard ", spec.shard_index, " needs the address of shard 0 (the coordinator)"));
   }
+  // A fetch chunk plus its framing must fit in one message.
+  if (spec.fetch_chunk_bytes + (64 << 10) > spec.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("max message size ", spec.max_message_bytes,
+                                                   " bytes cannot carry fetch chunks of ", spec.fetch_chunk_bytes,
+                                                   " bytes; raise it or lower the chunk size"));
+  }
   std::unique_ptr<ShardServer> server(new ShardServer());
   ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
+  impl.metrics = std::make_unique<ServerMetrics>(server->registry_, spec.shard_index, spec.job.num_trainers,
+                                                 server->state_->num_units(), "grpc");
+  const ShardState::Counters counters = server->state_->counters();
+  for (metrics::Gauge* g : {&impl.metrics->state_master_bytes, &impl.metrics->state_m_bytes,
+                            &impl.metrics->state_v_bytes, &impl.metrics->state_grad_bytes}) {
+    g->Set(static_cast<double>(counters.state_bytes) / 4);
+  }
+  impl.metrics->expected_state_bytes.Set(16.0 * static_cast<double>(server->state_->layout().spec.TotalParameters()) /
+                                         spec.job.num_shards);
+  if (!spec.metrics_address.empty()) {
+    ASSIGN_OR_RETURN(impl.metrics_server, metrics::MetricsServer::Start(spec.metrics_address, &server->registry_));
+  }
   if (spec.shard_index == 0) impl.coordinator = std::make_unique<NormCoordinator>(spec.job.num_shards);
   ShardServiceImpl::Options options;
   options.fetch_wait_limit = spec.fetch_wait_limit;
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
-  impl.service = std::make_unique<ShardServiceImpl>(server->state_.get(), impl.coordinator.get(), options);
+  impl.service = std::make_unique<ShardServiceImpl>(server->state_.get(), impl.coordinator.get(),
+                                                    impl.metrics.get(), options);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -102,11 +124,16 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
       return AgreeRemotely(stub, *state, fingerprint, step, partial, deadline);
     };
   }
-  impl.driver = std::make_unique<StepDriver>(server->state_.get(), std::move(agree), spec.step_timeout);
+  impl.driver =
+      std::make_unique<StepDriver>(server->state_.get(), std::move(agree), spec.step_timeout, impl.metrics.get());
   return server;
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+int ShardServer::metrics_port() const {
+  return impl_ && impl_->metrics_server ? impl_->metrics_server->port() : 0;
+}
 
 std::string ShardServer::address() const { return absl::StrCat(host_, ":", port_); }
 

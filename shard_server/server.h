@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
+#include "common/metrics/metrics.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -25,6 +26,8 @@ class ShardServer {
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
     int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk
+    /// host:port of the Prometheus /metrics endpoint (port 0: any); empty: none.
+    std::string metrics_address;
   };
 
   /// Builds the state, binds, and starts serving and stepping.
@@ -34,6 +37,9 @@ class ShardServer {
   int port() const { return port_; }
   std::string address() const;
   ShardState& state() { return *state_; }
+  metrics::Registry& registry() { return registry_; }
+  /// Port of the /metrics endpoint, 0 when there is none.
+  int metrics_port() const;
   /// Blocks until Shutdown() is called from another thread.
   void Wait();
   /// Stops serving: in-flight calls are cancelled after `grace`.
@@ -42,8 +48,9 @@ class ShardServer {
  private:
   struct Impl;
   ShardServer() = default;
-  std::unique_ptr<Impl> impl_;
+  metrics::Registry registry_;  // before impl_: the metrics in it outlive their users
   std::unique_ptr<ShardState> state_;
+  std::unique_ptr<Impl> impl_;
   int port_ = 0;
   std::string host_;
 };

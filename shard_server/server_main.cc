@@ -12,7 +12,10 @@
 #include "shard_server/server.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "host:port to listen on (port 0: any free port)");
-ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(std::string, port_file, "",
+          "once serving, write the gRPC port (line 1) and the metrics port (line 2, 0: none) to this file");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
+          "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
 ABSL_FLAG(int, shard_index, 0, "this server's shard, 0..num_shards-1");
 ABSL_FLAG(int, num_shards, 1, "N: shard servers in the job");
 ABSL_FLAG(int, num_trainers, 1, "M: trainers whose gradients are reduced each step");
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
   spec.fetch_wait_limit = absl::GetFlag(FLAGS_fetch_wait_limit);
   spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   spec.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  spec.metrics_address = absl::GetFlag(FLAGS_metrics_address);
 
   absl::StatusOr<std::unique_ptr<pshard::ShardServer>> server = pshard::ShardServer::Start(spec);
   if (!server.ok()) {
@@ -80,14 +84,14 @@ int main(int argc, char** argv) {
   pshard::ShardServer* running = server->get();
   const auto counters = running->state().counters();
   std::fprintf(stderr,
-               "pshard-server: shard %d/%d serving on %s; %lld parameters in the model, %.1f MiB of "
-               "state here\n",
-               spec.shard_index, spec.job.num_shards, running->address().c_str(),
+               "pshard-server: shard %d/%d serving on %s, metrics on port %d; %lld parameters in the model, "
+               "%.1f MiB of state here\n",
+               spec.shard_index, spec.job.num_shards, running->address().c_str(), running->metrics_port(),
                static_cast<long long>(running->state().layout().spec.TotalParameters()),
                counters.state_bytes / 1048576.0);
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << running->port() << "\n";
+    std::ofstream(tmp) << running->port() << "\n" << running->metrics_port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
   stop.WaitForNotification();

@@ -12,38 +12,48 @@ namespace {
 // Streams one slice at one version, chunk by chunk, once it is published.
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
  public:
-  FetchReactor(ShardState* state, const v1::FetchRequest& request, absl::Time wait_deadline,
-               int64_t chunk_bytes)
-      : state_(state), request_(request) {
+  FetchReactor(ShardState* state, ServerMetrics* metrics, const v1::FetchRequest& request,
+               absl::Time wait_deadline, int64_t chunk_bytes)
+      : state_(state), metrics_(metrics), request_(request), start_(absl::Now()),
+        bytes_out_(&metrics->bytes_out(request.trainer_rank())) {
     absl::StatusOr<WireEncoding> encoding = EncodingFromProto(request.encoding());
     absl::Status status = encoding.status();
     if (status.ok()) status = state->CheckFetch(request.unit(), request.version());
     if (!status.ok()) {
-      Finish(ToGrpcStatus(status));
+      FinishWith(status);
       return;
     }
     encoding_ = *encoding;
     slice_length_ = state->slice_length(request.unit());
     chunk_elements_ = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding_)));
     waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
-      if (!s.ok()) return Finish(ToGrpcStatus(s));
+      if (!s.ok()) return FinishWith(s);
       WriteNext();
     });
     state->WhenPublished(request.unit(), request.version(), wait_deadline, waiter_);
   }
 
   void OnWriteDone(bool ok) override {
-    if (!ok) return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+    if (!ok) return FinishWith(absl::CancelledError("client went away"));
+    bytes_out_->Increment(static_cast<double>(chunk_.ByteSizeLong()));
     WriteNext();
   }
   void OnCancel() override {
     if (waiter_) waiter_->Fire(absl::CancelledError("fetch cancelled while waiting"));
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    metrics_->rpc_seconds(RpcMethod::kFetch).Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+    delete this;
+  }
 
  private:
+  void FinishWith(const absl::Status& status) {
+    if (!status.ok()) metrics_->Reject(status);
+    Finish(ToGrpcStatus(status));
+  }
+
   void WriteNext() {
-    if (offset_ >= slice_length_) return Finish(grpc::Status::OK);
+    if (offset_ >= slice_length_) return FinishWith(absl::OkStatus());
     chunk_.Clear();
     const int64_t count = std::min(chunk_elements_, slice_length_ - offset_);
     absl::Status s = state_->CopyPublished(request_.unit(), request_.version(), encoding_, offset_,
@@ -58,14 +68,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
         chunk_.set_version(request_.version());
       }
     }
-    if (!s.ok()) return Finish(ToGrpcStatus(s));
+    if (!s.ok()) return FinishWith(s);
     chunk_.set_offset(offset_);
     offset_ += count;
     StartWrite(&chunk_);
   }
 
   ShardState* const state_;
+  ServerMetrics* const metrics_;
   const v1::FetchRequest request_;
+  const absl::Time start_;
+  metrics::Counter* const bytes_out_;
   WireEncoding encoding_ = WireEncoding::kFp32;
   int64_t slice_length_ = 0;
   int64_t chunk_elements_ = 0;
@@ -77,20 +90,29 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
 // Receives one gradient slice; commits it only once it is complete.
 class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
  public:
-  PushReactor(ShardState* state, grpc::CallbackServerContext* ctx, v1::PushResponse* response)
-      : state_(state), ctx_(ctx), response_(response) {
+  PushReactor(ShardState* state, ServerMetrics* metrics, grpc::CallbackServerContext* ctx,
+              v1::PushResponse* response)
+      : state_(state), metrics_(metrics), ctx_(ctx), response_(response), start_(absl::Now()) {
     StartRead(&chunk_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return Complete();
     absl::Status s = Accept();
-    if (!s.ok()) return Finish(ToGrpcStatus(s));
+    if (!s.ok()) return FinishWith(s);
     StartRead(&chunk_);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    metrics_->rpc_seconds(RpcMethod::kPush).Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+    delete this;
+  }
 
  private:
+  void FinishWith(const absl::Status& status) {
+    if (!status.ok()) metrics_->Reject(status);
+    Finish(ToGrpcStatus(status));
+  }
+
   absl::Status Accept() {
     if (chunks_ == 0) {
       first_ = chunk_;
@@ -129,60 +151,62 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     }
     DecodeElements(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
                    std::span<float>(staged_.data() + received_, count));
+    metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(chunk_.ByteSizeLong()));
     received_ += count;
     ++chunks_;
     return absl::OkStatus();
   }
 
   void Complete() {
-    if (ctx_->IsCancelled()) {
-      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "push abandoned; nothing applied"));
-    }
-    if (chunks_ == 0) {
-      return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty push"));
-    }
+    if (ctx_->IsCancelled()) return FinishWith(absl::CancelledError("push abandoned; nothing applied"));
+    if (chunks_ == 0) return FinishWith(absl::InvalidArgumentError("empty push"));
     if (received_ != static_cast<int64_t>(staged_.size())) {
-      return Finish(grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_,
-                       " of ", staged_.size(), " elements; nothing applied")));
+      return FinishWith(absl::InvalidArgumentError(
+          absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_, " of ",
+                       staged_.size(), " elements; nothing applied")));
     }
     absl::StatusOr<PushDisposition> d =
         state_->Contribute(first_.trainer_rank(), first_.step(), first_.unit(), std::move(staged_));
-    if (!d.ok()) return Finish(ToGrpcStatus(d.status()));
+    if (!d.ok()) return FinishWith(d.status());
     switch (*d) {
       case PushDisposition::kAccepted:
         response_->set_disposition(v1::PushResponse::ACCEPTED);
         break;
       case PushDisposition::kDuplicate:
         response_->set_disposition(v1::PushResponse::DUPLICATE);
+        metrics_->duplicate_pushes.Increment();
         response_->set_detail("contribution already received; ignored");
         break;
       case PushDisposition::kAcceptedNonFinite:
         response_->set_disposition(v1::PushResponse::ACCEPTED_NON_FINITE);
+        metrics_->non_finite_pushes.Increment();
         response_->set_detail(absl::StrCat("non-finite gradient: step ", first_.step(),
                                            " will be skipped on every shard"));
         break;
     }
-    Finish(grpc::Status::OK);
+    FinishWith(absl::OkStatus());
   }
 
   ShardState* const state_;
+  ServerMetrics* const metrics_;
   grpc::CallbackServerContext* const ctx_;
   v1::PushResponse* const response_;
   v1::PushChunk chunk_;
   v1::PushChunk first_;
   WireEncoding encoding_ = WireEncoding::kFp32;
   std::vector<float> staged_;
+  const absl::Time start_;
   int64_t received_ = 0;
   int chunks_ = 0;
 };
 
 }  // namespace
 
-ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, Options options)
+ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics,
+                                   Options options)
     : state_(state),
       coordinator_(coordinator),
+      metrics_(metrics),
       options_(options),
       fingerprint_(JobFingerprint(state->job())) {}
 
@@ -197,15 +221,22 @@ absl::Time ShardServiceImpl::WaitDeadline(const grpc::CallbackServerContext* ctx
   return std::min(server_limit, client - margin);
 }
 
-grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ctx,
-                                                 const v1::JoinRequest* request,
+void ShardServiceImpl::FinishUnary(grpc::ServerUnaryReactor* reactor, RpcMethod method, absl::Time start,
+                                   const absl::Status& status) {
+  if (!status.ok()) metrics_->Reject(status);
+  metrics_->rpc_seconds(method).Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  reactor->Finish(ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
                                                  v1::JoinResponse* response) {
+  const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
   const int rank = request->trainer_rank();
   if (rank < -1 || rank >= state_->job().num_trainers) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("trainer rank ", rank, " is outside [0, ",
-                                              state_->job().num_trainers, ")")));
+    FinishUnary(reactor, RpcMethod::kJoin, start,
+                absl::InvalidArgumentError(
+                    absl::StrCat("trainer rank ", rank, " is outside [0, ", state_->job().num_trainers, ")")));
     return reactor;
   }
   if (rank >= 0) {
@@ -217,60 +248,61 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   response->set_current_step(state_->current_step());
   for (const UnitSpec& u : state_->layout().spec.units) response->add_unit_numels(u.numel);
   response->set_job_fingerprint(fingerprint_);
-  reactor->Finish(grpc::Status::OK);
+  FinishUnary(reactor, RpcMethod::kJoin, start, absl::OkStatus());
   return reactor;
 }
 
 grpc::ServerWriteReactor<v1::FetchChunk>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
                                                                   const v1::FetchRequest* request) {
-  return new FetchReactor(state_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
+  return new FetchReactor(state_, metrics_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
                           options_.fetch_chunk_bytes);
 }
 
 grpc::ServerReadReactor<v1::PushChunk>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                                                v1::PushResponse* response) {
-  return new PushReactor(state_, ctx, response);
+  return new PushReactor(state_, metrics_, ctx, response);
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContext* ctx,
                                                       const v1::NormReport* request,
                                                       v1::NormAgreement* response) {
+  const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
   if (coordinator_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                 absl::StrCat("shard ", state_->shard_index(),
-                                              " is not the norm coordinator (shard 0 is)")));
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::FailedPreconditionError(absl::StrCat(
+                    "shard ", state_->shard_index(), " is not the norm coordinator (shard 0 is)")));
     return reactor;
   }
   if (request->job_fingerprint() != fingerprint_) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("shard ", request->shard_index(),
-                     " runs a different job (model, optimizer, seed or counts differ)")));
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::FailedPreconditionError(absl::StrCat(
+                    "shard ", request->shard_index(),
+                    " runs a different job (model, optimizer, seed or counts differ)")));
     return reactor;
   }
   if (request->shard_index() < 0 || request->shard_index() >= state_->job().num_shards) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("shard index ", request->shard_index(), " is out of range")));
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::InvalidArgumentError(absl::StrCat("shard index ", request->shard_index(), " is out of range")));
     return reactor;
   }
   StepNorm partial{request->sum_of_squares(), request->non_finite()};
   const int64_t step = request->step();
-  coordinator_->Report(step, request->shard_index(), partial,
-                       WaitDeadline(ctx, options_.norm_wait_limit),
-                       [reactor, response, step](absl::StatusOr<StepNorm> total) {
-                         if (!total.ok()) return reactor->Finish(ToGrpcStatus(total.status()));
-                         response->set_step(step);
-                         response->set_total_sum_of_squares(total->total_sum_of_squares);
-                         response->set_non_finite(total->non_finite);
-                         reactor->Finish(grpc::Status::OK);
+  coordinator_->Report(step, request->shard_index(), partial, WaitDeadline(ctx, options_.norm_wait_limit),
+                       [this, reactor, response, step, start](absl::StatusOr<StepNorm> total) {
+                         if (total.ok()) {
+                           response->set_step(step);
+                           response->set_total_sum_of_squares(total->total_sum_of_squares);
+                           response->set_non_finite(total->non_finite);
+                         }
+                         FinishUnary(reactor, RpcMethod::kAgreeNorm, start, total.status());
                        });
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContext* ctx,
-                                                      const v1::StatusRequest*,
+grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
                                                       v1::StatusResponse* response) {
+  const absl::Time start = absl::Now();
   const ShardState::Counters c = state_->counters();
   response->set_shard_index(state_->shard_index());
   response->set_current_step(state_->current_step());
@@ -284,23 +316,24 @@ grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContex
     for (int r : joined_) response->add_joined_trainers(r);
   }
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
+  FinishUnary(reactor, RpcMethod::kGetStatus, start, absl::OkStatus());
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::ReadMaster(grpc::CallbackServerContext* ctx,
                                                        const v1::ReadMasterRequest* request,
                                                        v1::ReadMasterResponse* response) {
+  const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
   if (request->unit() < 0 || request->unit() >= state_->num_units()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                                 absl::StrCat("unknown unit ", request->unit())));
+    FinishUnary(reactor, RpcMethod::kReadMaster, start,
+                absl::NotFoundError(absl::StrCat("unknown unit ", request->unit())));
     return reactor;
   }
   auto [version, master] = state_->ReadMaster(request->unit());
   response->set_version(version);
   response->set_data(master.data(), master.size() * sizeof(float));
-  reactor->Finish(grpc::Status::OK);
+  FinishUnary(reactor, RpcMethod::kReadMaster, start, absl::OkStatus());
   return reactor;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/norm_coordinator.h"
+#include "shard_server/server_metrics.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -20,8 +21,8 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
     absl::Duration norm_wait_limit = absl::Seconds(120);   ///< longest AgreeNorm waits (coordinator)
     int64_t fetch_chunk_bytes = 1 << 20;                   ///< bytes per streamed fetch chunk
   };
-  /// `coordinator` is null except on shard 0.
-  ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, Options options);
+  /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
+  ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
@@ -45,8 +46,13 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   static absl::Time WaitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration limit);
 
  private:
+  /// Finishes a unary call, recording its duration and any refusal.
+  void FinishUnary(grpc::ServerUnaryReactor* reactor, RpcMethod method, absl::Time start,
+                   const absl::Status& status);
+
   ShardState* const state_;
   NormCoordinator* const coordinator_;
+  ServerMetrics* const metrics_;
   const Options options_;
   const uint64_t fingerprint_;
   absl::Mutex joined_mu_;

@@ -238,6 +238,7 @@ StepNorm ShardState::FinishReduction() {
   absl::MutexLock lock(&step_mu_);
   StepNorm norm;
   norm.non_finite = non_finite_;
+  norm.non_finite_source = non_finite_source_;
   const float trainers = static_cast<float>(job_.num_trainers);
   for (auto& u : units_) {
     for (float& g : u->grad) g = g / trainers;
@@ -246,7 +247,7 @@ StepNorm ShardState::FinishReduction() {
   return norm;
 }
 
-void ShardState::ApplyStep(const StepNorm& agreed) {
+StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
   const bool skip = agreed.non_finite || !std::isfinite(agreed.total_sum_of_squares);
   const double norm = std::sqrt(agreed.total_sum_of_squares);
   int64_t step;
@@ -273,13 +274,14 @@ void ShardState::ApplyStep(const StepNorm& agreed) {
   adam.lr = LearningRateAt(job_.optimizer, step);
   adam.count = update_count;
   adam.grad_scale = static_cast<float>(ClipCoefficient(job_.optimizer.grad_clip, norm));
+  AdamWNorms norms;
   for (auto& unit : units_) {
     UnitState& u = *unit;
     std::vector<std::shared_ptr<OneShotWaiter>> ready;
     {
       absl::MutexLock unit_lock(&u.mu);
       if (!skip) {
-        AdamWUpdate(job_.optimizer, adam, u.master, u.m, u.v, u.grad, u.decay_runs);
+        AdamWUpdate(job_.optimizer, adam, u.master, u.m, u.v, u.grad, u.decay_runs, &norms);
         u.Publish();
       }
       {
@@ -301,6 +303,7 @@ void ShardState::ApplyStep(const StepNorm& agreed) {
     }
     for (auto& w : ready) w->Fire(absl::OkStatus());
   }
+  return StepOutcome{step, skip, norm, adam.lr, norms.update_sum_of_squares, norms.weight_sum_of_squares};
 }
 
 std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit) const {

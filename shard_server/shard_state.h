@@ -28,10 +28,21 @@ namespace pshard {
 /// What became of a pushed contribution.
 enum class PushDisposition { kAccepted, kDuplicate, kAcceptedNonFinite };
 
+/// What applying a step did.
+struct StepOutcome {
+  int64_t step = 0;
+  bool skipped = false;  ///< non-finite gradient: no update
+  double grad_norm = 0.0;
+  double learning_rate = 0.0;
+  double update_sum_of_squares = 0.0;  ///< over this shard's slices
+  double weight_sum_of_squares = 0.0;
+};
+
 /// The global agreement on one step's gradient.
 struct StepNorm {
   double total_sum_of_squares = 0.0;
   bool non_finite = false;
+  std::string non_finite_source;  ///< where this shard saw one (local, not agreed)
 };
 
 /// A callback that runs at most once, whichever of publish, deadline or
@@ -94,7 +105,7 @@ class ShardState {
   StepNorm FinishReduction();
   /// Applies AdamW with the agreed norm (or skips the update when it is not
   /// finite), publishes version step+1 unit by unit, and opens the next step.
-  void ApplyStep(const StepNorm& agreed);
+  StepOutcome ApplyStep(const StepNorm& agreed);
 
   /// Fp32 master slice of a unit and its version (for tests and tools).
   std::pair<int64_t, std::vector<float>> ReadMaster(int unit) const;

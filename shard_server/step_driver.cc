@@ -1,5 +1,6 @@
 #include "shard_server/step_driver.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -12,8 +13,12 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 constexpr absl::Duration kAgreeRound = absl::Seconds(1);
 }  // namespace
 
-StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout)
-    : state_(state), agree_(std::move(agree)), step_timeout_(step_timeout), thread_([this] { Run(); }) {}
+StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics)
+    : state_(state),
+      agree_(std::move(agree)),
+      step_timeout_(step_timeout),
+      metrics_(metrics),
+      thread_([this] { Run(); }) {}
 
 StepDriver::~StepDriver() {
   stop_.Notify();
@@ -23,6 +28,7 @@ StepDriver::~StepDriver() {
 void StepDriver::Run() {
   while (!stop_.HasBeenNotified()) {
     // Wait for the step's contributions, complaining every step_timeout.
+    const absl::Time wait_start = absl::Now();
     absl::Time complain_at = absl::Now() + step_timeout_;
     bool complete = false;
     while (!stop_.HasBeenNotified()) {
@@ -37,6 +43,7 @@ void StepDriver::Run() {
       }
     }
     if (!complete) return;
+    const absl::Time agree_start = absl::Now();
     const int64_t step = state_->current_step();
     const StepNorm partial = state_->FinishReduction();
     absl::StatusOr<StepNorm> agreed;
@@ -55,10 +62,34 @@ void StepDriver::Run() {
     }
     if (!agreed.ok()) return;
     if (agreed->non_finite) {
-      std::fprintf(stderr, "pshard-server: shard %d, step %lld: non-finite gradient; update skipped\n",
-                   state_->shard_index(), static_cast<long long>(step));
+      std::fprintf(stderr, "pshard-server: shard %d, step %lld: non-finite gradient (%s); update skipped\n",
+                   state_->shard_index(), static_cast<long long>(step),
+                   partial.non_finite ? partial.non_finite_source.c_str() : "seen by another shard");
     }
-    state_->ApplyStep(*agreed);
+    const absl::Time update_start = absl::Now();
+    const StepOutcome outcome = state_->ApplyStep(*agreed);
+    Record(outcome, agree_start - wait_start, update_start - agree_start, absl::Now() - update_start);
+  }
+}
+
+void StepDriver::Record(const StepOutcome& outcome, absl::Duration contributions, absl::Duration agreement,
+                        absl::Duration update) {
+  if (metrics_ == nullptr) return;
+  metrics_->wait_contributions_seconds.Increment(absl::ToDoubleSeconds(contributions));
+  metrics_->wait_norm_seconds.Increment(absl::ToDoubleSeconds(agreement));
+  metrics_->optimizer_seconds.Increment(absl::ToDoubleSeconds(update));
+  metrics_->optimizer_step_seconds.Observe(absl::ToDoubleSeconds(update));
+  metrics_->step.Set(static_cast<double>(outcome.step + 1));
+  for (metrics::Gauge* v : metrics_->unit_version) v->Set(static_cast<double>(outcome.step + 1));
+  metrics_->grad_norm.Set(outcome.grad_norm);
+  if (outcome.skipped) {
+    metrics_->skipped_steps.Increment();
+    return;
+  }
+  metrics_->applied_updates.Increment();
+  metrics_->learning_rate.Set(outcome.learning_rate);
+  if (outcome.weight_sum_of_squares > 0) {
+    metrics_->update_weight_ratio.Set(std::sqrt(outcome.update_sum_of_squares / outcome.weight_sum_of_squares));
   }
 }
 

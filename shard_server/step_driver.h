@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "shard_server/server_metrics.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -23,16 +24,20 @@ class StepDriver {
   /// Starts the thread. `state` must outlive the driver. `step_timeout` is
   /// how long a step may wait for contributions or for the norm before the
   /// driver logs what it is missing (it then keeps waiting).
-  StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout);
+  /// `metrics` may be null.
+  StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics);
   /// Stops the thread (between waits; an agreement in progress is abandoned).
   ~StepDriver();
 
  private:
   void Run();
+  void Record(const StepOutcome& outcome, absl::Duration contributions, absl::Duration agreement,
+              absl::Duration update);
 
   ShardState* const state_;
   const AgreeFn agree_;
   const absl::Duration step_timeout_;
+  ServerMetrics* const metrics_;
   absl::Notification stop_;
   std::thread thread_;
 };

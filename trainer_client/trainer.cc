@@ -1,8 +1,10 @@
 #include "trainer_client/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer.h"
 #include "common/status_macros.h"
 #include "trainer_client/busy_clock.h"
 
@@ -29,6 +31,7 @@ class Prefetcher {
     absl::Status s = t->Wait();
     *exposed += absl::Now() - wait_start;
     busy_.Add(t->started(), t->finished());
+    latencies_.push_back(t->finished() - t->started());
     bytes_ += t->wire_bytes();
     if (!s.ok()) return s;
     return t;
@@ -42,6 +45,7 @@ class Prefetcher {
   }
 
   IntervalUnion& busy() { return busy_; }
+  std::vector<absl::Duration>& latencies() { return latencies_; }
   int64_t bytes() const { return bytes_; }
 
  private:
@@ -52,6 +56,7 @@ class Prefetcher {
   std::vector<std::shared_ptr<UnitTransfer>> transfers_;
   size_t started_ = 0;
   IntervalUnion busy_;
+  std::vector<absl::Duration> latencies_;
   int64_t bytes_ = 0;
 };
 
@@ -112,6 +117,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   report.loss = model_.loss();
 
   std::vector<std::shared_ptr<UnitTransfer>> pushes;
+  double grad_sum_of_squares = 0.0;
   for (int u = k - 1; u >= 0; --u) {
     std::shared_ptr<UnitTransfer> w = last_unit;
     if (u != k - 1) {
@@ -127,6 +133,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
     t0 = absl::Now();
     model_.BackwardUnit(u, w->values(), grads);
     times.compute += absl::Now() - t0;
+    grad_sum_of_squares += SumOfSquares(grads);
     w.reset();  // drop the weights as soon as they are used
     if (u == k - 1) last_unit.reset();
     t0 = absl::Now();
@@ -146,7 +153,11 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   for (auto& p : pushes) {
     prefetch.busy().Add(p->started(), p->finished());
     report.bytes_pushed += p->wire_bytes();
+    report.push_latencies.push_back(p->finished() - p->started());
   }
+  report.fetch_latencies = std::move(prefetch.latencies());
+  report.grad_norm = std::sqrt(grad_sum_of_squares);
+  report.flops = model_.FlopsPerMicroBatch();
   report.bytes_fetched = prefetch.bytes();
   report.tokens = static_cast<int64_t>(tokens_.size());
   times.wall = absl::Now() - step_start;

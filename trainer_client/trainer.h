@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "trainer_client/data/dataset.h"
@@ -34,10 +35,14 @@ struct StepTimes {
 struct StepReport {
   int64_t step = 0;
   double loss = 0.0;
+  double grad_norm = 0.0;  ///< L2 norm of this rank's micro-batch gradient
   int64_t tokens = 0;
+  double flops = 0.0;      ///< model FLOPs of the step's forward + backward
   int64_t bytes_fetched = 0;
   int64_t bytes_pushed = 0;
   StepTimes times;
+  std::vector<absl::Duration> fetch_latencies;  ///< one per unit fetch
+  std::vector<absl::Duration> push_latencies;   ///< one per unit push
 };
 
 /// Runs steps for one trainer rank. Not thread-safe; one per thread.

@@ -16,7 +16,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/signals.h"
+#include "absl/strings/numbers.h"
+#include "common/metrics/metrics_server.h"
 #include "trainer_client/data/default_corpus.h"
+#include "trainer_client/peak_flops.h"
+#include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 
 ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
@@ -35,6 +39,10 @@ ABSL_FLAG(std::string, link_rate, "",
           "emulated bandwidth of each trainer-server link, e.g. 100mbit (default: $PSHARD_LINK_RATE, else none)");
 ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
 ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
+          "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
+ABSL_FLAG(std::string, peak_flops, "auto",
+          "FLOP/s that MFU is measured against: a number, 'auto' (this machine's measured sgemm rate) or 0 (no MFU)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
 
 namespace {
@@ -101,6 +109,25 @@ int Run() {
     std::fprintf(stderr, "pshard-trainer: %s\n", trainer.status().ToString().c_str());
     return 2;
   }
+  double peak_flops = 0.0;
+  if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
+    peak_flops = pshard::MeasureSgemmFlops();
+  } else if (!absl::SimpleAtod(peak, &peak_flops) || peak_flops < 0) {
+    std::fprintf(stderr, "pshard-trainer: --peak_flops=%s is not a number, 'auto' or 0\n", peak.c_str());
+    return 2;
+  }
+  pshard::metrics::Registry registry;
+  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, "grpc", "cpu", peak_flops);
+  std::unique_ptr<pshard::metrics::MetricsServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
+    auto started = pshard::metrics::MetricsServer::Start(address, &registry);
+    if (!started.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", started.status().ToString().c_str());
+      return 2;
+    }
+    metrics_server = std::move(*started);
+    std::fprintf(stderr, "pshard-trainer %d: metrics on %s\n", copts.trainer_rank, metrics_server->address().c_str());
+  }
   const pshard::JobConfig& job = (*client)->job();
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -128,6 +155,7 @@ int Run() {
       return 1;
     }
     ++done;
+    metrics.RecordStep(*r);
     recent_losses.push_back(r->loss);
     if (recent_losses.size() > 10) recent_losses.pop_front();
     for (pshard::StepTimes* t : {&window, &total}) {

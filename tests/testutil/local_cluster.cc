@@ -15,6 +15,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.fetch_wait_limit = options.fetch_wait_limit;
     spec.step_timeout = options.step_timeout;
     spec.max_message_bytes = options.max_message_bytes;
+    spec.fetch_chunk_bytes = options.fetch_chunk_bytes;
+    spec.metrics_address = options.metrics_address;
     ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
     cluster->servers_.push_back(std::move(server));
   }

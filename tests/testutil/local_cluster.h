@@ -20,6 +20,8 @@ class LocalCluster {
     absl::Duration fetch_wait_limit = absl::Seconds(60);
     absl::Duration step_timeout = absl::Seconds(30);
     int max_message_bytes = 4 << 20;
+    int64_t fetch_chunk_bytes = 1 << 20;
+    std::string metrics_address;  ///< e.g. "127.0.0.1:0"; empty: no endpoint
   };
   /// Starts shard 0 (the coordinator) and then shards 1..N-1.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job, Options options);

@@ -1,0 +1,111 @@
+#include "shard_server/server_metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "pshard/config.h"
+
+namespace pshard {
+namespace {
+
+using metrics::Labels;
+
+Labels Shard(int shard) { return {{"shard", absl::StrCat(shard)}}; }
+
+Labels With(Labels labels, const std::string& key, const std::string& value) {
+  labels[key] = value;
+  return labels;
+}
+
+metrics::Gauge& StateBytes(metrics::Registry& r, int shard, const char* kind) {
+  return r.AddGauge("pshard_server_state_bytes", "Memory held for model state, by kind.")
+      .Add(With(Shard(shard), "kind", kind));
+}
+
+constexpr const char* kReasonNames[kNumRejectReasons] = {"unknown_unit", "stale",  "future_step", "bad_request",
+                                                         "wait_timeout", "cancelled",   "other"};
+constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "AgreeNorm", "GetStatus", "ReadMaster"};
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, int num_units,
+                             const std::string& transport)
+    : duplicate_pushes(r.AddCounter("pshard_server_duplicate_pushes_total",
+                                    "Pushes acknowledged and ignored because the contribution was already in.")
+                           .Add(Shard(shard))),
+      non_finite_pushes(r.AddCounter("pshard_server_non_finite_pushes_total",
+                                     "Pushes that carried NaN or Inf (their step is skipped on every shard).")
+                            .Add(Shard(shard))),
+      optimizer_seconds(r.AddCounter("pshard_server_optimizer_seconds_total", "Time spent applying AdamW.")
+                            .Add(Shard(shard))),
+      optimizer_step_seconds(r.AddHistogram("pshard_server_optimizer_step_seconds",
+                                            "Time to apply one step's update to this shard's slices.",
+                                            metrics::Histogram::ExponentialBounds(0.0001, 2.0, 18))
+                                 .Add(Shard(shard))),
+      wait_contributions_seconds(r.AddCounter("pshard_server_wait_seconds_total",
+                                              "Time a step waited, by what it waited for.")
+                                     .Add(With(Shard(shard), "for", "contributions"))),
+      wait_norm_seconds(r.AddCounter("pshard_server_wait_seconds_total", "Time a step waited, by what it waited for.")
+                            .Add(With(Shard(shard), "for", "norm_agreement"))),
+      applied_updates(r.AddCounter("pshard_server_applied_updates_total", "Optimizer updates applied.")
+                          .Add(Shard(shard))),
+      skipped_steps(r.AddCounter("pshard_server_skipped_steps_total",
+                                 "Steps skipped because a gradient was not finite.")
+                        .Add(Shard(shard))),
+      step(r.AddGauge("pshard_server_step", "The step this shard is collecting gradients for.").Add(Shard(shard))),
+      grad_norm(r.AddGauge("pshard_server_grad_norm", "Global gradient norm agreed for the last step.")
+                    .Add(Shard(shard))),
+      update_weight_ratio(r.AddGauge("pshard_server_update_weight_ratio",
+                                     "Norm of the last update over the norm of the weights, this shard's slices.")
+                              .Add(Shard(shard))),
+      learning_rate(r.AddGauge("pshard_server_learning_rate", "Learning rate of the last update.").Add(Shard(shard))),
+      state_master_bytes(StateBytes(r, shard, "master")),
+      state_m_bytes(StateBytes(r, shard, "adam_m")),
+      state_v_bytes(StateBytes(r, shard, "adam_v")),
+      state_grad_bytes(StateBytes(r, shard, "grad")),
+      expected_state_bytes(r.AddGauge("pshard_server_expected_state_bytes",
+                                      "16 bytes per parameter over the number of shards: mixed-precision AdamW "
+                                      "state as ZeRO counts it.")
+                               .Add(Shard(shard))) {
+  auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction and peer.");
+  for (int t = -1; t < num_trainers; ++t) {
+    const std::string peer = t < 0 ? std::string("tool") : absl::StrCat(t);
+    const Labels base = With(With(Shard(shard), "trainer", peer), "transport", transport);
+    bytes_out_.push_back(&out.Add(With(base, "direction", "out")));
+    bytes_in_.push_back(&out.Add(With(base, "direction", "in")));
+  }
+  auto& rpc = r.AddHistogram("pshard_server_rpc_seconds", "Duration of RPCs handled, by method.",
+                             metrics::Histogram::ExponentialBounds(0.0001, 2.0, 20));
+  for (int m = 0; m < kNumRpcMethods; ++m) rpc_seconds_[m] = &rpc.Add(With(Shard(shard), "method", kMethodNames[m]));
+  auto& rejected = r.AddCounter("pshard_server_rejected_requests_total", "Requests refused, by reason.");
+  for (int i = 0; i < kNumRejectReasons; ++i) rejected_[i] = &rejected.Add(With(Shard(shard), "reason", kReasonNames[i]));
+  auto& version = r.AddGauge("pshard_server_unit_version", "Published version of each unit on this shard.");
+  for (int u = 0; u < num_units; ++u) unit_version.push_back(&version.Add(With(Shard(shard), "unit", absl::StrCat(u))));
+  r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
+      .Add({{"version", PSHARD_VERSION}, {"role", "server"}, {"transport", transport}, {"device", "cpu"}})
+      .Set(1);
+}
+
+metrics::Counter& ServerMetrics::bytes_out(int trainer) {
+  const size_t i = static_cast<size_t>(trainer + 1);
+  return *bytes_out_[i < bytes_out_.size() ? i : 0];
+}
+
+metrics::Counter& ServerMetrics::bytes_in(int trainer) {
+  const size_t i = static_cast<size_t>(trainer + 1);
+  return *bytes_in_[i < bytes_in_.size() ? i : 0];
+}
+
+void ServerMetrics::Reject(const absl::Status& status) {
+  RejectReason reason = RejectReason::kOther;
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound: reason = RejectReason::kUnknownUnit; break;
+    case absl::StatusCode::kFailedPrecondition: reason = RejectReason::kStale; break;
+    case absl::StatusCode::kOutOfRange: reason = RejectReason::kFutureStep; break;
+    case absl::StatusCode::kInvalidArgument: reason = RejectReason::kBadRequest; break;
+    case absl::StatusCode::kDeadlineExceeded: reason = RejectReason::kWaitTimeout; break;
+    case absl::StatusCode::kCancelled: reason = RejectReason::kCancelled; break;
+    default: break;
+  }
+  rejected_[static_cast<int>(reason)]->Increment();
+}
+
+}  // namespace pshard

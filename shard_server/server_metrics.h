@@ -1,0 +1,64 @@
+// The shard server's metrics, declared once and injected into the service
+// and the step driver.
+#ifndef PSHARD_SHARD_SERVER_SERVER_METRICS_H_
+#define PSHARD_SHARD_SERVER_SERVER_METRICS_H_
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/metrics/metrics.h"
+
+namespace pshard {
+
+/// Why a request was refused (a bounded label).
+enum class RejectReason { kUnknownUnit, kStale, kFutureStep, kBadRequest, kWaitTimeout, kCancelled, kOther };
+inline constexpr int kNumRejectReasons = 7;
+
+/// RPC methods (a bounded label).
+enum class RpcMethod { kJoin, kFetch, kPush, kAgreeNorm, kGetStatus, kReadMaster };
+inline constexpr int kNumRpcMethods = 6;
+
+/// Every metric a shard server exports, bound to its shard. Thread-safe.
+class ServerMetrics {
+ public:
+  ServerMetrics(metrics::Registry& registry, int shard, int num_trainers, int num_units,
+                const std::string& transport);
+
+  /// Bytes a trainer fetched from / pushed to this shard (rank -1: tools).
+  metrics::Counter& bytes_out(int trainer);
+  metrics::Counter& bytes_in(int trainer);
+  metrics::Histogram& rpc_seconds(RpcMethod method) { return *rpc_seconds_[static_cast<int>(method)]; }
+  /// Counts a refused request by the reason its status implies.
+  void Reject(const absl::Status& status);
+
+  metrics::Counter& duplicate_pushes;
+  metrics::Counter& non_finite_pushes;
+  metrics::Counter& optimizer_seconds;
+  metrics::Histogram& optimizer_step_seconds;
+  metrics::Counter& wait_contributions_seconds;
+  metrics::Counter& wait_norm_seconds;
+  metrics::Counter& applied_updates;
+  metrics::Counter& skipped_steps;
+  metrics::Gauge& step;
+  metrics::Gauge& grad_norm;
+  metrics::Gauge& update_weight_ratio;
+  metrics::Gauge& learning_rate;
+  metrics::Gauge& state_master_bytes;
+  metrics::Gauge& state_m_bytes;
+  metrics::Gauge& state_v_bytes;
+  metrics::Gauge& state_grad_bytes;
+  metrics::Gauge& expected_state_bytes;
+  std::vector<metrics::Gauge*> unit_version;
+
+ private:
+  std::vector<metrics::Counter*> bytes_out_;  // index trainer + 1
+  std::vector<metrics::Counter*> bytes_in_;
+  std::array<metrics::Histogram*, kNumRpcMethods> rpc_seconds_{};
+  std::array<metrics::Counter*, kNumRejectReasons> rejected_{};
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_SERVER_METRICS_H_

@@ -1,0 +1,96 @@
+#include "trainer_client/trainer_metrics.h"
+
+#include "absl/strings/str_cat.h"
+#include "pshard/config.h"
+
+namespace pshard {
+namespace {
+
+using metrics::Histogram;
+using metrics::Labels;
+
+Labels Rank(int rank) { return {{"rank", absl::StrCat(rank)}}; }
+
+Labels With(Labels labels, const std::string& key, const std::string& value) {
+  labels[key] = value;
+  return labels;
+}
+
+// Step times from 1 ms to ~65 s; transfers from 100 us to ~52 s.
+std::vector<double> StepBounds() { return Histogram::ExponentialBounds(0.001, 2.0, 17); }
+std::vector<double> TransferBounds() { return Histogram::ExponentialBounds(0.0001, 2.0, 20); }
+
+metrics::Counter& Phase(metrics::Registry& r, int rank, const char* phase) {
+  return r.AddCounter("pshard_trainer_phase_seconds_total",
+                      "Step wall time by disjoint phase (compute, comm_exposed, data, other); the phases sum "
+                      "to pshard_trainer_step_wall_seconds_total.")
+      .Add(With(Rank(rank), "phase", phase));
+}
+
+}  // namespace
+
+TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string& transport,
+                               const std::string& device, double peak_flops)
+    : phase_compute_(Phase(r, rank, "compute")),
+      phase_comm_exposed_(Phase(r, rank, "comm_exposed")),
+      phase_data_(Phase(r, rank, "data")),
+      phase_other_(Phase(r, rank, "other")),
+      wall_(r.AddCounter("pshard_trainer_step_wall_seconds_total", "Wall time spent in training steps.")
+                .Add(Rank(rank))),
+      comm_busy_(r.AddCounter("pshard_trainer_comm_busy_seconds_total",
+                              "Wall time during which any fetch or push was in flight; minus comm_exposed it "
+                              "is the communication hidden behind compute.")
+                     .Add(Rank(rank))),
+      steps_(r.AddCounter("pshard_trainer_steps_total", "Training steps completed.").Add(Rank(rank))),
+      tokens_(r.AddCounter("pshard_trainer_tokens_total", "Tokens trained on.").Add(Rank(rank))),
+      flops_(r.AddCounter("pshard_trainer_model_flops_total", "Model FLOPs of forward and backward passes.")
+                 .Add(Rank(rank))),
+      fetch_bytes_(r.AddCounter("pshard_trainer_transfer_bytes_total", "Bytes moved on the wire by direction.")
+                       .Add(With(With(Rank(rank), "direction", "fetch"), "transport", transport))),
+      push_bytes_(r.AddCounter("pshard_trainer_transfer_bytes_total", "Bytes moved on the wire by direction.")
+                      .Add(With(With(Rank(rank), "direction", "push"), "transport", transport))),
+      step_seconds_(r.AddHistogram("pshard_trainer_step_seconds", "Wall time of one training step.", StepBounds())
+                        .Add(Rank(rank))),
+      fetch_seconds_(r.AddHistogram("pshard_trainer_fetch_seconds",
+                                    "Latency of fetching one unit from all shards.", TransferBounds())
+                         .Add(With(Rank(rank), "transport", transport))),
+      push_seconds_(r.AddHistogram("pshard_trainer_push_seconds",
+                                   "Latency of pushing one unit's gradient to all shards.", TransferBounds())
+                        .Add(With(Rank(rank), "transport", transport))),
+      loss_(r.AddGauge("pshard_trainer_loss", "Cross-entropy of the last micro-batch, in nats.").Add(Rank(rank))),
+      grad_norm_(r.AddGauge("pshard_trainer_grad_norm", "L2 norm of this rank's last micro-batch gradient.")
+                     .Add(Rank(rank))),
+      step_(r.AddGauge("pshard_trainer_step", "The step this trainer completed last, plus one.").Add(Rank(rank))),
+      peak_flops_(peak_flops) {
+  r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
+      .Add({{"version", PSHARD_VERSION}, {"role", "trainer"}, {"transport", transport}, {"device", device}})
+      .Set(1);
+  if (peak_flops > 0) {
+    r.AddGauge("pshard_trainer_peak_flops", "FLOP rate that MFU is measured against.").Add(Rank(rank)).Set(peak_flops);
+    mfu_ = &r.AddGauge("pshard_trainer_mfu", "Model FLOPs utilisation of the last step (0..1).").Add(Rank(rank));
+  }
+}
+
+void TrainerMetrics::RecordStep(const StepReport& report) {
+  const double wall = absl::ToDoubleSeconds(report.times.wall);
+  phase_compute_.Increment(absl::ToDoubleSeconds(report.times.compute));
+  phase_comm_exposed_.Increment(absl::ToDoubleSeconds(report.times.comm_exposed));
+  phase_data_.Increment(absl::ToDoubleSeconds(report.times.data));
+  phase_other_.Increment(absl::ToDoubleSeconds(report.times.other));
+  wall_.Increment(wall);
+  comm_busy_.Increment(absl::ToDoubleSeconds(report.times.comm_busy));
+  steps_.Increment();
+  tokens_.Increment(static_cast<double>(report.tokens));
+  flops_.Increment(report.flops);
+  fetch_bytes_.Increment(static_cast<double>(report.bytes_fetched));
+  push_bytes_.Increment(static_cast<double>(report.bytes_pushed));
+  step_seconds_.Observe(wall);
+  for (absl::Duration d : report.fetch_latencies) fetch_seconds_.Observe(absl::ToDoubleSeconds(d));
+  for (absl::Duration d : report.push_latencies) push_seconds_.Observe(absl::ToDoubleSeconds(d));
+  loss_.Set(report.loss);
+  grad_norm_.Set(report.grad_norm);
+  step_.Set(static_cast<double>(report.step + 1));
+  if (mfu_ != nullptr && wall > 0) mfu_->Set(report.flops / wall / peak_flops_);
+}
+
+}  // namespace pshard

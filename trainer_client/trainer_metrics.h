@@ -1,0 +1,48 @@
+// The trainer's metrics, declared once and fed from each step's report.
+#ifndef PSHARD_TRAINER_CLIENT_TRAINER_METRICS_H_
+#define PSHARD_TRAINER_CLIENT_TRAINER_METRICS_H_
+
+#include <string>
+
+#include "common/metrics/metrics.h"
+#include "trainer_client/trainer.h"
+
+namespace pshard {
+
+/// Every metric a trainer exports, bound to its rank. Names follow
+/// Prometheus conventions (pshard_ prefix, base units, _total counters);
+/// docs/metrics.md describes each. Thread-safe (the metrics are).
+class TrainerMetrics {
+ public:
+  /// `peak_flops` is the FLOP rate MFU is measured against (0: unknown,
+  /// no MFU). `transport` and `device` label the bytes and build info.
+  TrainerMetrics(metrics::Registry& registry, int rank, const std::string& transport, const std::string& device,
+                 double peak_flops);
+
+  void RecordStep(const StepReport& report);
+
+ private:
+  metrics::Counter& phase_compute_;
+  metrics::Counter& phase_comm_exposed_;
+  metrics::Counter& phase_data_;
+  metrics::Counter& phase_other_;
+  metrics::Counter& wall_;
+  metrics::Counter& comm_busy_;
+  metrics::Counter& steps_;
+  metrics::Counter& tokens_;
+  metrics::Counter& flops_;
+  metrics::Counter& fetch_bytes_;
+  metrics::Counter& push_bytes_;
+  metrics::Histogram& step_seconds_;
+  metrics::Histogram& fetch_seconds_;
+  metrics::Histogram& push_seconds_;
+  metrics::Gauge& loss_;
+  metrics::Gauge& grad_norm_;
+  metrics::Gauge& step_;
+  metrics::Gauge* mfu_ = nullptr;  // only when the peak rate is known
+  const double peak_flops_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_TRAINER_METRICS_H_
