@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   }
   if (spec.shard_index == 0) impl.coordinator = std::make_unique<NormCoordinator>(spec.job.num_shards);
   ShardServiceImpl::Options options;
+  if (impl.metrics_server) options.metrics_address = impl.metrics_server->address();
   options.fetch_wait_limit = spec.fetch_wait_limit;
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;

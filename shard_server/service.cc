@@ -241,7 +241,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   }
   if (rank >= 0) {
     absl::MutexLock lock(&joined_mu_);
-    if (std::find(joined_.begin(), joined_.end(), rank) == joined_.end()) joined_.push_back(rank);
+    joined_[rank] = request->metrics_address();
   }
   *response->mutable_job() = JobToProto(state_->job());
   response->set_shard_index(state_->shard_index());
@@ -311,9 +311,14 @@ grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContex
   response->set_last_grad_norm(c.last_grad_norm);
   response->set_state_bytes(c.state_bytes);
   response->set_waiting_for(state_->DescribeWait());
+  response->set_metrics_address(options_.metrics_address);
   {
     absl::MutexLock lock(&joined_mu_);
-    for (int r : joined_) response->add_joined_trainers(r);
+    for (const auto& [rank, address] : joined_) {
+      v1::JoinedTrainer* t = response->add_joined_trainers();
+      t->set_rank(rank);
+      t->set_metrics_address(address);
+    }
   }
   auto* reactor = ctx->DefaultReactor();
   FinishUnary(reactor, RpcMethod::kGetStatus, start, absl::OkStatus());

@@ -4,6 +4,8 @@
 #define PSHARD_SHARD_SERVER_SERVICE_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 #include "absl/time/time.h"
 #include "proto/shard.grpc.pb.h"
@@ -20,6 +22,7 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
     absl::Duration fetch_wait_limit = absl::Seconds(120);  ///< longest a fetch waits for a version
     absl::Duration norm_wait_limit = absl::Seconds(120);   ///< longest AgreeNorm waits (coordinator)
     int64_t fetch_chunk_bytes = 1 << 20;                   ///< bytes per streamed fetch chunk
+    std::string metrics_address;                           ///< reported by GetStatus
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
@@ -56,7 +59,7 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   const Options options_;
   const uint64_t fingerprint_;
   absl::Mutex joined_mu_;
-  std::vector<int> joined_ ABSL_GUARDED_BY(joined_mu_);
+  std::map<int, std::string> joined_ ABSL_GUARDED_BY(joined_mu_);  // rank -> metrics address
 };
 
 }  // namespace pshard

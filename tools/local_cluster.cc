@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -39,18 +40,58 @@ void StopAll(std::vector<ChildProcess>& children, absl::Duration grace) {
   }
 }
 
+std::string MetricsAddress(int base, int offset) {
+  return absl::StrCat("127.0.0.1:", base == 0 ? 0 : base + offset);
+}
+
+// Reads line 2 of a server's port file: its metrics port.
+int MetricsPortFromFile(const std::string& path) {
+  std::ifstream in(path);
+  int grpc_port = 0, metrics_port = 0;
+  in >> grpc_port >> metrics_port;
+  return metrics_port;
+}
+
+std::string Quoted(const std::vector<std::string>& targets) {
+  std::vector<std::string> q;
+  for (const std::string& t : targets) q.push_back(absl::StrCat("'", t, "'"));
+  return absl::StrJoin(q, ", ");
+}
+
 }  // namespace
+
+std::string LocalPrometheusConfig(const std::vector<std::string>& server_targets,
+                                  const std::vector<std::string>& trainer_targets) {
+  return absl::StrCat(
+      "# Scrapes a local pshard cluster (written by `pshard local`).\n"
+      "global:\n"
+      "  scrape_interval: 1s\n"
+      "  evaluation_interval: 1s\n"
+      "scrape_configs:\n"
+      "  - job_name: pshard-server\n"
+      "    static_configs:\n"
+      "      - targets: [", Quoted(server_targets), "]\n"
+      "  - job_name: pshard-trainer\n"
+      "    static_configs:\n"
+      "      - targets: [", Quoted(trainer_targets), "]\n");
+}
 
 absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   if (spec.num_servers < 1 || spec.num_trainers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("need at least one server and one trainer, got ",
                                                    spec.num_servers, " and ", spec.num_trainers));
   }
+  std::error_code error;
+  std::filesystem::create_directories(spec.run_dir, error);
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create run folder ", spec.run_dir, ": ", error.message()));
+  }
   CallOnTerminationSignal([](int signo) { g_signal = signo; });
   const std::string server_bin = spec.bin_dir + "/pshard-server";
   const std::string trainer_bin = spec.bin_dir + "/pshard-trainer";
   std::vector<ChildProcess> servers, trainers;
   std::vector<std::string> addresses;
+  std::vector<std::string> server_metrics, trainer_metrics;
   auto fail = [&](absl::Status s) {
     StopAll(trainers, absl::Seconds(5));
     StopAll(servers, absl::Seconds(5));
@@ -65,6 +106,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                      absl::StrCat("--num_shards=", spec.num_servers),
                                      absl::StrCat("--num_trainers=", spec.num_trainers),
                                      "--address=127.0.0.1:0",
+                                     absl::StrCat("--metrics_address=", MetricsAddress(spec.metrics_port_base, s)),
                                      absl::StrCat("--port_file=", port_file)};
     if (s > 0) argv.push_back(absl::StrCat("--coordinator=", addresses[0]));
     argv.insert(argv.end(), spec.server_flags.begin(), spec.server_flags.end());
@@ -78,21 +120,33 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                absl::StrCat(port.status().message(), "\n--- ", log, " ---\n", Tail(log))));
     }
     addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+    server_metrics.push_back(absl::StrCat("127.0.0.1:", MetricsPortFromFile(port_file)));
   }
   std::printf("pshard: %d shard servers up (%s); starting %d trainers; logs in %s\n", spec.num_servers,
               absl::StrJoin(addresses, ", ").c_str(), spec.num_trainers, spec.run_dir.c_str());
   std::fflush(stdout);
+  auto write_prometheus_config = [&] {
+    std::ofstream(spec.run_dir + "/prometheus.yml") << LocalPrometheusConfig(server_metrics, trainer_metrics);
+  };
 
   std::vector<std::string> logs;
   for (int r = 0; r < spec.num_trainers; ++r) {
+    const std::string metrics = MetricsAddress(spec.metrics_port_base, 100 + r);
     std::vector<std::string> argv = {trainer_bin, absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
-                                     absl::StrCat("--rank=", r)};
+                                     absl::StrCat("--rank=", r), absl::StrCat("--metrics_address=", metrics)};
+    if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
     if (r != 0) argv.push_back("--log_every=0");
     logs.push_back(r == 0 ? std::string() : absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());
     if (!child.ok()) return fail(child.status());
     trainers.push_back(std::move(*child));
+  }
+  if (spec.metrics_port_base != 0) {
+    write_prometheus_config();
+    std::printf("pshard: metrics on ports %d.. (servers) and %d.. (trainers); Prometheus config: %s/prometheus.yml\n",
+                spec.metrics_port_base, spec.metrics_port_base + 100, spec.run_dir.c_str());
+    std::fflush(stdout);
   }
 
   // Watch: all trainers done is success; any failure or a signal stops all.

@@ -16,11 +16,19 @@ struct LocalClusterSpec {
   int num_trainers = 2;
   std::string bin_dir;  ///< holds pshard-server and pshard-trainer
   std::string run_dir;  ///< logs and port files
+  /// Metrics ports: server s on base + s, trainer r on base + 100 + r; 0:
+  /// any free ports. A Prometheus config for them goes to run_dir.
+  int metrics_port_base = 0;
   /// Flags passed to every server (model, optimizer, counts are added).
   std::vector<std::string> server_flags;
   /// Flags passed to every trainer (servers and rank are added).
   std::vector<std::string> trainer_flags;
 };
+
+/// A Prometheus scrape config for the given /metrics endpoints (jobs
+/// pshard-server and pshard-trainer, 1 s scrape interval).
+std::string LocalPrometheusConfig(const std::vector<std::string>& server_targets,
+                                  const std::vector<std::string>& trainer_targets);
 
 /// Runs the job to completion. Trainer 0 writes to this process's output;
 /// the others and the servers write to logs in run_dir. Returns an error

@@ -33,6 +33,8 @@ ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
 ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
+ABSL_FLAG(int, metrics_port_base, 9400,
+          "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
 ABSL_FLAG(std::string, bin_dir, "", "folder of pshard-server and pshard-trainer (default: next to pshard)");
 
@@ -52,6 +54,7 @@ int RunLocal() {
   spec.num_trainers = absl::GetFlag(FLAGS_trainers);
   spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   spec.run_dir = absl::GetFlag(FLAGS_run_dir);
+  spec.metrics_port_base = absl::GetFlag(FLAGS_metrics_port_base);
   if (spec.run_dir.empty()) {
     char tmpl[] = "/tmp/pshard-local-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {

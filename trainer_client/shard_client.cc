@@ -295,13 +295,14 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
 };
 
 absl::StatusOr<v1::JoinResponse> JoinOne(v1::ShardService::Stub* stub, const std::string& address,
-                                         int rank, absl::Time deadline) {
+                                         int rank, const std::string& metrics_address, absl::Time deadline) {
   while (true) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(5))));
     ctx.set_wait_for_ready(true);  // the server may still be starting
     v1::JoinRequest request;
     request.set_trainer_rank(rank);
+    request.set_metrics_address(metrics_address);
     v1::JoinResponse response;
     grpc::Status s = stub->Join(&ctx, request, &response);
     if (s.ok()) return response;
@@ -336,7 +337,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   for (const std::string& address : options.server_addresses) {
     auto stub = v1::ShardService::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-    ASSIGN_OR_RETURN(v1::JoinResponse joined, JoinOne(stub.get(), address, options.trainer_rank, deadline));
+    ASSIGN_OR_RETURN(v1::JoinResponse joined, JoinOne(stub.get(), address, options.trainer_rank, options.metrics_address, deadline));
     ASSIGN_OR_RETURN(JobConfig job, JobFromProto(joined.job()));
     if (job.num_shards != n) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -77,6 +77,7 @@ class ShardClient {
     absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
     int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
     LinkSpec link;  ///< emulated link to every server (default: none)
+    std::string metrics_address;  ///< this trainer's /metrics endpoint, told to the servers
   };
 
   /// Joins every server, checks that they run the same job and together

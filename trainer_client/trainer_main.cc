@@ -87,6 +87,26 @@ int Run() {
     return 2;
   }
   copts.link = *link;
+  double peak_flops = 0.0;
+  if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
+    peak_flops = pshard::MeasureSgemmFlops();
+  } else if (!absl::SimpleAtod(peak, &peak_flops) || peak_flops < 0) {
+    std::fprintf(stderr, "pshard-trainer: --peak_flops=%s is not a number, 'auto' or 0\n", peak.c_str());
+    return 2;
+  }
+  pshard::metrics::Registry registry;
+  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, "grpc", "cpu", peak_flops);
+  std::unique_ptr<pshard::metrics::MetricsServer> metrics_server;
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
+    auto started = pshard::metrics::MetricsServer::Start(address, &registry);
+    if (!started.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", started.status().ToString().c_str());
+      return 2;
+    }
+    metrics_server = std::move(*started);
+    copts.metrics_address = metrics_server->address();
+    std::fprintf(stderr, "pshard-trainer %d: metrics on %s\n", copts.trainer_rank, copts.metrics_address.c_str());
+  }
   auto client = pshard::ShardClient::Connect(copts);
   if (!client.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
@@ -108,25 +128,6 @@ int Run() {
   if (!trainer.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", trainer.status().ToString().c_str());
     return 2;
-  }
-  double peak_flops = 0.0;
-  if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
-    peak_flops = pshard::MeasureSgemmFlops();
-  } else if (!absl::SimpleAtod(peak, &peak_flops) || peak_flops < 0) {
-    std::fprintf(stderr, "pshard-trainer: --peak_flops=%s is not a number, 'auto' or 0\n", peak.c_str());
-    return 2;
-  }
-  pshard::metrics::Registry registry;
-  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, "grpc", "cpu", peak_flops);
-  std::unique_ptr<pshard::metrics::MetricsServer> metrics_server;
-  if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
-    auto started = pshard::metrics::MetricsServer::Start(address, &registry);
-    if (!started.ok()) {
-      std::fprintf(stderr, "pshard-trainer: %s\n", started.status().ToString().c_str());
-      return 2;
-    }
-    metrics_server = std::move(*started);
-    std::fprintf(stderr, "pshard-trainer %d: metrics on %s\n", copts.trainer_rank, metrics_server->address().c_str());
   }
   const pshard::JobConfig& job = (*client)->job();
   const int rank = copts.trainer_rank;

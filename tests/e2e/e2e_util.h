@@ -54,7 +54,10 @@ inline std::vector<double> Losses(const std::string& output) {
 
 inline absl::StatusOr<ChildProcess> StartLocal(const std::string& run_dir, std::vector<std::string> flags) {
   std::vector<std::string> argv = {std::string(PSHARD_BIN_DIR) + "/pshard", "local",
-                                   absl::StrCat("--run_dir=", run_dir)};
+                                   absl::StrCat("--run_dir=", run_dir),
+                                   // Fixed metrics ports would collide between tests run in parallel;
+                                   // a later --metrics_port_base in `flags` wins.
+                                   "--metrics_port_base=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return ChildProcess::Spawn(argv, run_dir + "/launcher.log");
 }
