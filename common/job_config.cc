@@ -11,6 +11,9 @@ absl::Status JobConfig::Validate() const {
   if (num_trainers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_trainers ", num_trainers, " must be >= 1"));
   }
+  if (micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("micro_batches ", micro_batches, " must be >= 1"));
+  }
   if (slice_alignment < 1) {
     return absl::InvalidArgumentError(absl::StrCat("slice_alignment ", slice_alignment, " must be >= 1"));
   }

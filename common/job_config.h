@@ -21,7 +21,15 @@ struct JobConfig {
   int num_shards = 1;    ///< N
   int num_trainers = 1;  ///< M: contributions reduced per step
   int64_t slice_alignment = kSliceAlignment;
-  bool deterministic = true;  ///< sum contributions in trainer-rank order
+  bool deterministic = true;  ///< sum contributions in the canonical tree order
+  /// Micro-batches each trainer computes per optimizer step (gradient accumulation).
+  int micro_batches = 1;
+  /// true: a trainer sums its micro-batches and pushes once per step (lean
+  /// traffic); false: it pushes every micro-batch (lean memory).
+  bool accumulate_on_trainer = false;
+
+  /// Contribution slots the servers reduce per step: one per pushed micro-batch.
+  int reduction_slots() const { return accumulate_on_trainer ? 1 : micro_batches; }
 
   /// Checks sizes and counts; returns a message naming the bad value.
   absl::Status Validate() const;

@@ -51,7 +51,7 @@ class TreeReducer {
   // The parent of node [begin, begin + count), or {-1, 0} for the root.
   std::pair<int, int> Parent(int begin, int count) const;
 
-  const int n_;
+  int n_;
   std::map<int, Node> done_;  // begin -> node; disjoint, maximal
 };
 

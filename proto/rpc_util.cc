@@ -41,6 +41,8 @@ v1::JobSpec JobToProto(const JobConfig& job) {
   p.set_num_trainers(job.num_trainers);
   p.set_slice_alignment(job.slice_alignment);
   p.set_deterministic(job.deterministic);
+  p.set_micro_batches(job.micro_batches);
+  p.set_accumulate_on_trainer(job.accumulate_on_trainer);
   return p;
 }
 
@@ -65,6 +67,8 @@ absl::StatusOr<JobConfig> JobFromProto(const v1::JobSpec& p) {
   job.num_trainers = p.num_trainers();
   job.slice_alignment = p.slice_alignment();
   job.deterministic = p.deterministic();
+  job.micro_batches = p.micro_batches();
+  job.accumulate_on_trainer = p.accumulate_on_trainer();
   if (absl::Status s = job.Validate(); !s.ok()) return s;
   return job;
 }

@@ -80,10 +80,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   impl.metrics = std::make_unique<ServerMetrics>(server->registry_, spec.shard_index, spec.job.num_trainers,
                                                  server->state_->num_units(), "grpc");
   const ShardState::Counters counters = server->state_->counters();
-  for (metrics::Gauge* g : {&impl.metrics->state_master_bytes, &impl.metrics->state_m_bytes,
-                            &impl.metrics->state_v_bytes, &impl.metrics->state_grad_bytes}) {
-    g->Set(static_cast<double>(counters.state_bytes) / 4);
-  }
+  impl.metrics->state_master_bytes.Set(static_cast<double>(counters.master_bytes));
+  impl.metrics->state_m_bytes.Set(static_cast<double>(counters.moment_bytes));
+  impl.metrics->state_v_bytes.Set(static_cast<double>(counters.moment_bytes));
+  impl.metrics->state_grad_bytes.Set(static_cast<double>(counters.gradient_bytes));
   impl.metrics->expected_state_bytes.Set(16.0 * static_cast<double>(server->state_->layout().spec.TotalParameters()) /
                                          spec.job.num_shards);
   if (!spec.metrics_address.empty()) {
@@ -144,8 +144,10 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
   impl_->driver.reset();
-  impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-  impl_->server->Wait();
+  if (impl_->server) {  // absent when Start failed part-way
+    impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    impl_->server->Wait();
+  }
   if (!impl_->shutdown.HasBeenNotified()) impl_->shutdown.Notify();
 }
 

@@ -34,10 +34,8 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       non_finite_pushes(r.AddCounter("pshard_server_non_finite_pushes_total",
                                      "Pushes that carried NaN or Inf (their step is skipped on every shard).")
                             .Add(Shard(shard))),
-      optimizer_seconds(r.AddCounter("pshard_server_optimizer_seconds_total", "Time spent applying AdamW.")
-                            .Add(Shard(shard))),
       optimizer_step_seconds(r.AddHistogram("pshard_server_optimizer_step_seconds",
-                                            "Time to apply one step's update to this shard's slices.",
+                                            "Time to apply (or skip) one step's update on this shard's slices; _sum is the optimizer time, _count the steps closed.",
                                             metrics::Histogram::ExponentialBounds(0.0001, 2.0, 18))
                                  .Add(Shard(shard))),
       wait_contributions_seconds(r.AddCounter("pshard_server_wait_seconds_total",
@@ -65,12 +63,12 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
                                       "16 bytes per parameter over the number of shards: mixed-precision AdamW "
                                       "state as ZeRO counts it.")
                                .Add(Shard(shard))) {
-  auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction and peer.");
+  auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (int t = -1; t < num_trainers; ++t) {
     const std::string peer = t < 0 ? std::string("tool") : absl::StrCat(t);
-    const Labels base = With(With(Shard(shard), "trainer", peer), "transport", transport);
-    bytes_out_.push_back(&out.Add(With(base, "direction", "out")));
-    bytes_in_.push_back(&out.Add(With(base, "direction", "in")));
+    const Labels base = With(With(Shard(shard), "rank", peer), "transport", transport);
+    bytes_out_.push_back(&out.Add(With(base, "direction", "fetch")));
+    bytes_in_.push_back(&out.Add(With(base, "direction", "push")));
   }
   auto& rpc = r.AddHistogram("pshard_server_rpc_seconds", "Duration of RPCs handled, by method.",
                              metrics::Histogram::ExponentialBounds(0.0001, 2.0, 20));

@@ -35,7 +35,6 @@ class ServerMetrics {
 
   metrics::Counter& duplicate_pushes;
   metrics::Counter& non_finite_pushes;
-  metrics::Counter& optimizer_seconds;
   metrics::Histogram& optimizer_step_seconds;
   metrics::Counter& wait_contributions_seconds;
   metrics::Counter& wait_norm_seconds;

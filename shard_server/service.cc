@@ -120,10 +120,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
       absl::StatusOr<WireEncoding> encoding = EncodingFromProto(chunk_.encoding());
       if (!encoding.ok()) return encoding.status();
       encoding_ = *encoding;
-      if (absl::Status s = state_->CheckPush(chunk_.trainer_rank(), chunk_.step(), chunk_.unit());
-          !s.ok()) {
-        return s;
-      }
+      if (absl::Status s = state_->CheckPush(Identity()); !s.ok()) return s;
       const int64_t expected = state_->slice_length(chunk_.unit());
       if (chunk_.slice_length() != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -133,7 +130,8 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
       staged_.resize(expected);
     } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
                chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
-               chunk_.slice_length() != first_.slice_length()) {
+               chunk_.slice_length() != first_.slice_length() || chunk_.micro_batch() != first_.micro_batch() ||
+               chunk_.rank_count() != first_.rank_count()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk_.chunk_index(), " changes the push's identity"));
     }
@@ -157,6 +155,12 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     return absl::OkStatus();
   }
 
+  // The contribution this push carries (from the first chunk).
+  ContributionId Identity() const {
+    const v1::PushChunk& c = chunks_ == 0 ? chunk_ : first_;
+    return ContributionId{c.trainer_rank(), std::max(1, c.rank_count()), c.micro_batch(), c.step(), c.unit()};
+  }
+
   void Complete() {
     if (ctx_->IsCancelled()) return FinishWith(absl::CancelledError("push abandoned; nothing applied"));
     if (chunks_ == 0) return FinishWith(absl::InvalidArgumentError("empty push"));
@@ -165,8 +169,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
           absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_, " of ",
                        staged_.size(), " elements; nothing applied")));
     }
-    absl::StatusOr<PushDisposition> d =
-        state_->Contribute(first_.trainer_rank(), first_.step(), first_.unit(), std::move(staged_));
+    absl::StatusOr<PushDisposition> d = state_->Contribute(Identity(), std::move(staged_));
     if (!d.ok()) return FinishWith(d.status());
     switch (*d) {
       case PushDisposition::kAccepted:

@@ -4,11 +4,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/optimizer.h"
+#include "common/reduction_tree.h"
 #include "common/status_macros.h"
 
 namespace pshard {
@@ -31,13 +33,17 @@ struct ShardState::UnitState {
   std::vector<ElementRun> decay_runs;
 
   // The reduction of step `reduce_step`, guarded by ShardState::step_mu_.
-  // `grad` is read without the lock only by the step driver once complete.
+  // Deterministic mode: per micro-batch slot a tree over trainer ranks, then
+  // a tree over slots. Otherwise contributions are added as they arrive.
   int64_t reduce_step = 0;
+  std::vector<TreeReducer> rank_trees;  // one per slot
+  std::optional<TreeReducer> slot_tree;
+  std::vector<float> running;                 // non-deterministic sum
+  std::vector<std::vector<char>> received;    // [slot][rank]
+  int received_count = 0;                     // (slot, rank) pairs covered
+  // The averaged gradient of a complete step: written by FinishReduction,
+  // read by ApplyStep (the step driver's thread only).
   std::vector<float> grad;
-  std::vector<char> received;               // per trainer rank
-  std::vector<std::vector<float>> pending;  // out-of-order, deterministic mode
-  int next_rank = 0;                        // ranks below it are in `grad`
-  int received_count = 0;
 
   // Records the checksums of this version's published bytes. The bf16 view
   // is encoded on demand from the (immutable until the next update) master,
@@ -76,14 +82,12 @@ absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& 
     InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, unit->master);
     unit->m.assign(slice.length, 0.0f);
     unit->v.assign(slice.length, 0.0f);
-    unit->grad.assign(slice.length, 0.0f);
     unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
-    unit->received.assign(job.num_trainers, 0);
-    unit->pending.resize(job.num_trainers);
     unit->Publish();
     state->units_.push_back(std::move(unit));
   }
   absl::MutexLock lock(&state->step_mu_);
+  for (auto& unit : state->units_) state->ResetReduction(*unit);
   state->step_started_ = absl::Now();
   return state;
 }
@@ -157,68 +161,87 @@ absl::StatusOr<uint32_t> ShardState::PublishedChecksum(int unit, int64_t version
   return encoding == WireEncoding::kFp32 ? u.checksum_fp32 : u.checksum_bf16;
 }
 
-absl::Status ShardState::CheckPush(int trainer, int64_t step, int unit) const {
-  if (unit < 0 || unit >= num_units()) {
-    return absl::NotFoundError(absl::StrCat("unknown unit ", unit, ": the model has ", num_units(), " units"));
+absl::Status ShardState::CheckPush(const ContributionId& id) const {
+  if (id.unit < 0 || id.unit >= num_units()) {
+    return absl::NotFoundError(absl::StrCat("unknown unit ", id.unit, ": the model has ", num_units(), " units"));
   }
-  if (trainer < 0 || trainer >= job_.num_trainers) {
-    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", trainer, " is outside [0, ",
+  if (id.trainer < 0 || id.trainer >= job_.num_trainers) {
+    return absl::InvalidArgumentError(absl::StrCat("trainer rank ", id.trainer, " is outside [0, ",
                                                    job_.num_trainers, ")"));
   }
-  absl::MutexLock lock(&step_mu_);
-  const int64_t at = units_[unit]->reduce_step;
-  if (step < at) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", step, " of unit ", unit, " is already applied; this shard is at step ", at));
+  if (!IsReductionTreeNode(job_.num_trainers, id.trainer, id.rank_count)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a contribution of trainers [", id.trainer, ", ", id.trainer + id.rank_count,
+        ") is not a fabric group the reduction can take (groups must be aligned, e.g. powers of two)"));
   }
-  if (step > at) {
-    return absl::OutOfRangeError(absl::StrCat("step ", step, " of unit ", unit,
+  if (id.micro < 0 || id.micro >= job_.reduction_slots()) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batch ", id.micro, " is outside [0, ",
+                                                   job_.reduction_slots(), ")"));
+  }
+  absl::MutexLock lock(&step_mu_);
+  const int64_t at = units_[id.unit]->reduce_step;
+  if (id.step < at) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", id.step, " of unit ", id.unit, " is already applied; this shard is at step ", at));
+  }
+  if (id.step > at) {
+    return absl::OutOfRangeError(absl::StrCat("step ", id.step, " of unit ", id.unit,
                                               " is in the future; this shard is at step ", at));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushDisposition> ShardState::Contribute(int trainer, int64_t step, int unit,
-                                                       std::vector<float> values) {
-  RETURN_IF_ERROR(CheckPush(trainer, step, unit));
-  UnitState& u = *units_[unit];
-  if (values.size() != u.grad.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient of unit ", unit, " has ", values.size(),
-                                                   " elements; the slice has ", u.grad.size()));
+absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, std::vector<float> values) {
+  RETURN_IF_ERROR(CheckPush(id));
+  UnitState& u = *units_[id.unit];
+  if (static_cast<int64_t>(values.size()) != slice_length(id.unit)) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient of unit ", id.unit, " has ", values.size(),
+                                                   " elements; the slice has ", slice_length(id.unit)));
   }
   const bool finite = std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); });
   absl::MutexLock lock(&step_mu_);
-  if (u.reduce_step != step) {  // moved on between the check and the lock
-    return absl::FailedPreconditionError(absl::StrCat("step ", step, " of unit ", unit, " is already applied"));
+  if (u.reduce_step != id.step) {  // moved on between the check and the lock
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", id.step, " of unit ", id.unit, " is already applied"));
   }
-  if (u.received[trainer]) return PushDisposition::kDuplicate;
-  u.received[trainer] = 1;
-  ++u.received_count;
+  std::vector<char>& received = u.received[id.micro];
+  const int covered = static_cast<int>(
+      std::count(received.begin() + id.trainer, received.begin() + id.trainer + id.rank_count, 1));
+  if (covered == id.rank_count) return PushDisposition::kDuplicate;
+  if (covered > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution of trainers [", id.trainer, ", ", id.trainer + id.rank_count, ") for micro-batch ",
+        id.micro, " overlaps contributions already received"));
+  }
   if (!finite) {
     // Policy: the contribution counts (so the step completes) but its values
     // are dropped, and every shard skips this step's update.
-    if (!non_finite_) non_finite_source_ = absl::StrCat("trainer ", trainer, ", unit ", unit);
+    if (!non_finite_) non_finite_source_ = absl::StrCat("trainer ", id.trainer, ", unit ", id.unit);
     non_finite_ = true;
     values.assign(values.size(), 0.0f);
   }
   if (job_.deterministic) {
-    u.pending[trainer] = std::move(values);
-    AddPendingInOrder(unit);
+    TreeReducer& ranks = u.rank_trees[id.micro];
+    RETURN_IF_ERROR(ranks.Add(id.trainer, id.rank_count, std::move(values)));
+    if (ranks.complete()) RETURN_IF_ERROR(u.slot_tree->Add(id.micro, 1, ranks.TakeTotal()));
+  } else if (u.running.empty()) {
+    u.running = std::move(values);
   } else {
-    for (size_t i = 0; i < values.size(); ++i) u.grad[i] += values[i];
+    for (size_t i = 0; i < values.size(); ++i) u.running[i] += values[i];
   }
-  if (u.received_count == job_.num_trainers) ++units_complete_;
+  std::fill(received.begin() + id.trainer, received.begin() + id.trainer + id.rank_count, 1);
+  u.received_count += id.rank_count;
+  if (u.received_count == job_.num_trainers * job_.reduction_slots()) ++units_complete_;
   return finite ? PushDisposition::kAccepted : PushDisposition::kAcceptedNonFinite;
 }
 
-void ShardState::AddPendingInOrder(int unit) {
-  UnitState& u = *units_[unit];
-  while (u.next_rank < job_.num_trainers && u.received[u.next_rank]) {
-    std::vector<float>& c = u.pending[u.next_rank];
-    for (size_t i = 0; i < c.size(); ++i) u.grad[i] += c[i];
-    std::vector<float>().swap(c);
-    ++u.next_rank;
-  }
+void ShardState::ResetReduction(UnitState& u) {
+  const int slots = job_.reduction_slots();
+  u.rank_trees.assign(slots, TreeReducer(job_.num_trainers));
+  u.slot_tree.emplace(slots);
+  u.running.clear();
+  u.received.assign(slots, std::vector<char>(job_.num_trainers, 0));
+  u.received_count = 0;
 }
 
 bool ShardState::AllContributed() const { return units_complete_ == num_units(); }
@@ -239,9 +262,11 @@ StepNorm ShardState::FinishReduction() {
   StepNorm norm;
   norm.non_finite = non_finite_;
   norm.non_finite_source = non_finite_source_;
-  const float trainers = static_cast<float>(job_.num_trainers);
+  // The mean over every micro-batch of every trainer.
+  const float contributions = static_cast<float>(job_.num_trainers) * static_cast<float>(job_.micro_batches);
   for (auto& u : units_) {
-    for (float& g : u->grad) g = g / trainers;
+    u->grad = job_.deterministic ? u->slot_tree->TakeTotal() : std::move(u->running);
+    for (float& g : u->grad) g = g / contributions;
     norm.total_sum_of_squares += SumOfSquares(u->grad);
   }
   return norm;
@@ -288,10 +313,8 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
         // Open the next step's reduction before anyone can fetch version
         // step + 1 and push for it.
         absl::MutexLock step_lock(&step_mu_);
-        std::fill(u.grad.begin(), u.grad.end(), 0.0f);
-        std::fill(u.received.begin(), u.received.end(), 0);
-        u.received_count = 0;
-        u.next_rank = 0;
+        std::vector<float>().swap(u.grad);
+        ResetReduction(u);
         u.reduce_step = step + 1;
         --units_complete_;
       }
@@ -318,7 +341,12 @@ std::string ShardState::DescribeWait() const {
   std::map<int, std::vector<int>> missing;  // trainer -> units
   for (int unit = 0; unit < num_units(); ++unit) {
     for (int t = 0; t < job_.num_trainers; ++t) {
-      if (!units_[unit]->received[t]) missing[t].push_back(unit);
+      for (const std::vector<char>& slot : units_[unit]->received) {
+        if (!slot[t]) {
+          missing[t].push_back(unit);
+          break;
+        }
+      }
     }
   }
   if (missing.empty()) {
@@ -336,15 +364,16 @@ std::string ShardState::DescribeWait() const {
 
 ShardState::Counters ShardState::counters() const {
   Counters c;
-  int64_t bytes = 0;
-  for (const auto& u : units_) {
-    bytes += static_cast<int64_t>(u->master.size()) * 4 * sizeof(float);  // master, m, v, grad
-  }
+  int64_t elements = 0;
+  for (const auto& u : units_) elements += static_cast<int64_t>(u->master.size());
+  c.master_bytes = elements * static_cast<int64_t>(sizeof(float));
+  c.moment_bytes = c.master_bytes;
+  c.gradient_bytes = c.master_bytes;
+  c.state_bytes = c.master_bytes + 2 * c.moment_bytes + c.gradient_bytes;
   absl::MutexLock lock(&step_mu_);
   c.applied_updates = applied_updates_;
   c.skipped_steps = skipped_steps_;
   c.last_grad_norm = last_grad_norm_;
-  c.state_bytes = bytes;
   return c;
 }
 

@@ -25,6 +25,16 @@
 
 namespace pshard {
 
+/// Identifies one contribution: the gradient slice of `unit` for `step`,
+/// micro-batch `micro`, summed over trainers [trainer, trainer + rank_count).
+struct ContributionId {
+  int trainer = 0;
+  int rank_count = 1;
+  int micro = 0;
+  int64_t step = 0;
+  int unit = 0;
+};
+
 /// What became of a pushed contribution.
 enum class PushDisposition { kAccepted, kDuplicate, kAcceptedNonFinite };
 
@@ -90,11 +100,11 @@ class ShardState {
 
   // ---- push side ----
   /// Validates a push's identity before any data is read.
-  absl::Status CheckPush(int trainer, int64_t step, int unit) const;
+  absl::Status CheckPush(const ContributionId& id) const;
   /// Adds one complete gradient slice (decoded to fp32) to the step's
-  /// reduction, exactly once per (trainer, step, unit).
-  absl::StatusOr<PushDisposition> Contribute(int trainer, int64_t step, int unit,
-                                             std::vector<float> values);
+  /// reduction, exactly once per contribution: a repeat is a duplicate, a
+  /// partial overlap with what arrived is refused.
+  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, std::vector<float> values);
 
   // ---- the step (called by the step driver) ----
   /// Blocks until every contribution of the current step is in, or until
@@ -116,14 +126,18 @@ class ShardState {
     int64_t applied_updates = 0;
     int64_t skipped_steps = 0;
     double last_grad_norm = 0.0;
-    int64_t state_bytes = 0;
+    int64_t state_bytes = 0;     ///< all of the below
+    int64_t master_bytes = 0;    ///< fp32 master slices
+    int64_t moment_bytes = 0;    ///< each of Adam's m and v
+    int64_t gradient_bytes = 0;  ///< the averaged gradient a complete step reduces to
   };
   Counters counters() const;
 
  private:
   struct UnitState;
   ShardState(JobConfig job, JobLayout layout, int shard_index);
-  void AddPendingInOrder(int unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  /// Fresh reduction state for the next step of `unit`.
+  void ResetReduction(UnitState& unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   bool AllContributed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
 
   const JobConfig job_;

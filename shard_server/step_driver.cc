@@ -77,7 +77,6 @@ void StepDriver::Record(const StepOutcome& outcome, absl::Duration contributions
   if (metrics_ == nullptr) return;
   metrics_->wait_contributions_seconds.Increment(absl::ToDoubleSeconds(contributions));
   metrics_->wait_norm_seconds.Increment(absl::ToDoubleSeconds(agreement));
-  metrics_->optimizer_seconds.Increment(absl::ToDoubleSeconds(update));
   metrics_->optimizer_step_seconds.Observe(absl::ToDoubleSeconds(update));
   metrics_->step.Set(static_cast<double>(outcome.step + 1));
   for (metrics::Gauge* v : metrics_->unit_version) v->Set(static_cast<double>(outcome.step + 1));

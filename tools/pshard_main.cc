@@ -1,5 +1,6 @@
 // pshard: the command-line tool. Subcommands:
 //   pshard local [flags]   train on a local cluster of N servers and M trainers
+//   pshard status --servers=host:port,...   one table of a running job
 #include <unistd.h>
 
 #include <climits>
@@ -8,13 +9,19 @@
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
 
-ABSL_FLAG(int, servers, 4, "N: shard server processes");
+// `local` reads it as N, `status` as a list of addresses.
+ABSL_FLAG(std::string, servers, "4",
+          "local: N, shard server processes; status: comma-separated gRPC addresses (host:port) of the shard servers");
 ABSL_FLAG(int, trainers, 2, "M: trainer processes");
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
@@ -37,6 +44,8 @@ ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
 ABSL_FLAG(std::string, bin_dir, "", "folder of pshard-server and pshard-trainer (default: next to pshard)");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(5),
+          "status: deadline of each server's GetStatus and of each trainer's /metrics scrape");
 
 namespace {
 
@@ -50,7 +59,11 @@ std::string SelfDir() {
 
 int RunLocal() {
   pshard::LocalClusterSpec spec;
-  spec.num_servers = absl::GetFlag(FLAGS_servers);
+  if (!absl::SimpleAtoi(absl::GetFlag(FLAGS_servers), &spec.num_servers)) {
+    std::fprintf(stderr, "pshard local: --servers=%s is not a number of servers\n",
+                 absl::GetFlag(FLAGS_servers).c_str());
+    return 2;
+  }
   spec.num_trainers = absl::GetFlag(FLAGS_trainers);
   spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   spec.run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -95,12 +108,26 @@ int RunLocal() {
   return 0;
 }
 
+// Prints the job's table; exits 1 when a server or trainer did not answer.
+int RunStatus() {
+  const std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  if (servers.empty() || absl::c_any_of(servers, [](const std::string& s) { return s.find(':') == s.npos; })) {
+    std::fprintf(stderr, "pshard status: give the shard servers as --servers=host:port,host:port,...\n");
+    return 2;
+  }
+  const pshard::ClusterStatus status = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout));
+  std::fputs(pshard::FormatClusterStatus(status).c_str(), stdout);
+  return status.Healthy() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "pshard <command> [flags]\n"
-      "  local   train a GPT on a local cluster: N shard servers + M trainers on loopback");
+      "  local   train a GPT on a local cluster: N shard servers + M trainers on loopback\n"
+      "  status  --servers=host:port,...: steps, memory and waits of the shard servers, speed and loss of "
+      "the trainers");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -108,6 +135,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[1];
   if (command == "local") return RunLocal();
+  if (command == "status") return RunStatus();
   std::fprintf(stderr, "pshard: unknown command '%s'\n%s\n", command.c_str(), absl::ProgramUsageMessage().data());
   return 2;
 }

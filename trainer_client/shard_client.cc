@@ -38,7 +38,10 @@ void BufferPool::Give(std::vector<float> buffer) {
 // ---- UnitTransfer ----
 
 UnitTransfer::UnitTransfer(int parts, std::shared_ptr<BufferPool> pool)
-    : remaining_(parts), started_(absl::Now()), pool_(std::move(pool)) {}
+    : remaining_(parts), started_(absl::Now()), pool_(std::move(pool)) {
+  absl::MutexLock lock(&mu_);
+  if (parts == 0) finished_ = started_;
+}
 
 UnitTransfer::~UnitTransfer() {
   if (pool_ && !values_.empty()) pool_->Give(std::move(values_));
@@ -207,7 +210,7 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
            std::shared_ptr<const std::vector<float>> grads, int shard, std::string address,
            const SliceRange& slice, int unit, int64_t step, WireEncoding encoding, int trainer,
            int64_t chunk_bytes, absl::Duration timeout, EmulatedLink* up, EmulatedLink* down,
-           DeadlineTimer* timer)
+           DeadlineTimer* timer, int micro_batch, int rank_count)
       : transfer_(std::move(transfer)), grads_(std::move(grads)), shard_(shard),
         address_(std::move(address)), slice_(slice), unit_(unit), step_(step), encoding_(encoding),
         up_(up), down_(down), timer_(timer),
@@ -218,6 +221,8 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
     chunk_.set_unit(unit);
     chunk_.set_encoding(EncodingToProto(encoding));
     chunk_.set_slice_length(slice.length);
+    chunk_.set_micro_batch(micro_batch);
+    chunk_.set_rank_count(rank_count);
     stub->async()->Push(&ctx_, &response_, this);
     WriteNext();
     StartCall();
@@ -372,12 +377,25 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   return client;
 }
 
-std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version) {
-  const int n = static_cast<int>(shards_.size());
-  auto transfer = std::make_shared<UnitTransfer>(n, pool_);
+namespace {
+
+// `shards`, or every shard when unset.
+std::vector<int> ShardsOrAll(const std::optional<std::vector<int>>& shards, int n) {
+  if (shards) return *shards;
+  std::vector<int> all(n);
+  for (int s = 0; s < n; ++s) all[s] = s;
+  return all;
+}
+
+}  // namespace
+
+std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
+                                                      const std::optional<std::vector<int>>& shards) {
+  const std::vector<int> targets = ShardsOrAll(shards, static_cast<int>(shards_.size()));
+  auto transfer = std::make_shared<UnitTransfer>(static_cast<int>(targets.size()), pool_);
   const UnitPartition& p = layout_.partitions[unit];
   transfer->values_ = pool_->Take(p.padded_numel());
-  for (int s = 0; s < n; ++s) {
+  for (int s : targets) {
     new FetchPart(shards_[s]->stub.get(), transfer, s, shards_[s]->address, p.Slice(s), unit, version,
                   options_.encoding, options_.trainer_rank, options_.rpc_timeout, shards_[s]->up.get(),
                   shards_[s]->down.get(), &timer_);
@@ -385,24 +403,25 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version)
   return transfer;
 }
 
-std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std::vector<float> grads) {
-  const int n = static_cast<int>(shards_.size());
-  auto transfer = std::make_shared<UnitTransfer>(n);
+std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std::vector<float> grads,
+                                                     const PushOptions& push) {
+  const std::vector<int> targets = ShardsOrAll(push.shards, static_cast<int>(shards_.size()));
+  auto transfer = std::make_shared<UnitTransfer>(static_cast<int>(targets.size()));
   const UnitPartition& p = layout_.partitions[unit];
   if (static_cast<int64_t>(grads.size()) != p.padded_numel()) {
-    for (int s = 0; s < n; ++s) {
-      transfer->PartDone(absl::InvalidArgumentError(absl::StrCat(
-                             "gradient of unit ", unit, " has ", grads.size(), " elements; expected ",
-                             p.padded_numel())),
+    for (size_t i = 0; i < targets.size(); ++i) {
+      transfer->PartDone(absl::InvalidArgumentError(absl::StrCat("gradient of unit ", unit, " has ", grads.size(),
+                                                                 " elements; expected ", p.padded_numel())),
                          0);
     }
     return transfer;
   }
   auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
-  for (int s = 0; s < n; ++s) {
+  for (int s : targets) {
     new PushPart(shards_[s]->stub.get(), transfer, shared, s, shards_[s]->address, p.Slice(s), unit, step,
-                 options_.encoding, options_.trainer_rank, options_.chunk_bytes, options_.rpc_timeout,
-                 shards_[s]->up.get(), shards_[s]->down.get(), &timer_);
+                 options_.encoding, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
+                 options_.chunk_bytes, options_.rpc_timeout,
+                 shards_[s]->up.get(), shards_[s]->down.get(), &timer_, push.micro_batch, push.rank_count);
   }
   return transfer;
 }

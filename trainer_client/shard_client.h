@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,12 +92,27 @@ class ShardClient {
   int64_t joined_step() const { return joined_step_; }
   const Options& options() const { return options_; }
 
-  /// Starts fetching `unit` at `version` from all shards into one buffer of
-  /// the unit's padded length. The checksum of every slice is verified.
-  std::shared_ptr<UnitTransfer> StartFetch(int unit, int64_t version);
+  /// Starts fetching `unit` at `version` into one buffer of the unit's
+  /// padded length, from every shard or only from `shards` (the rest of the
+  /// buffer is then left for a fabric group to fill). The checksum of every
+  /// slice is verified.
+  std::shared_ptr<UnitTransfer> StartFetch(int unit, int64_t version,
+                                           const std::optional<std::vector<int>>& shards = std::nullopt);
+
+  /// What a push contributes, beyond its unit and step.
+  struct PushOptions {
+    int micro_batch = 0;          ///< which micro-batch (0 when accumulating on the trainer)
+    int first_rank = -1;          ///< first trainer summed in (-1: this client's rank)
+    int rank_count = 1;           ///< trainers summed in: first_rank .. first_rank + rank_count - 1 (a fabric group)
+    std::optional<std::vector<int>> shards;  ///< shards to push to; unset: all
+  };
   /// Starts pushing the gradient of `unit` for `step`: `grads` has the
   /// unit's padded length (padding zero); slice s goes to shard s.
-  std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads);
+  std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads,
+                                          const PushOptions& push);
+  std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads) {
+    return StartPush(unit, step, std::move(grads), PushOptions());
+  }
 
   /// Reads a unit's fp32 master weights from every shard (unpadded).
   absl::StatusOr<std::vector<float>> ReadMasterUnit(int unit);

@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/reduction_tree.h"
 #include "trainer_client/data/dataset.h"
+#include "trainer_client/group_collective.h"
+#include "trainer_client/prefetcher.h"
 #include "trainer_client/model/gpt.h"
 #include "trainer_client/shard_client.h"
 
@@ -19,7 +22,10 @@ struct TrainerOptions {
   int batch = 8;            ///< sequences per micro-batch
   int seq_len = 64;         ///< tokens per sequence (<= model context)
   int prefetch_depth = 1;   ///< units fetched ahead of the one computing
-  uint64_t data_seed = 1;   ///< data order is a function of (seed, step, rank)
+  uint64_t data_seed = 1;   ///< data order is a function of (seed, step, rank, micro-batch)
+  /// The fabric group this trainer belongs to (not owned; null: none). Its
+  /// members are consecutive ranks starting at rank - group->rank().
+  GroupCollective* group = nullptr;
 };
 
 /// Disjoint phases of one step; compute + comm_exposed + data + other = wall.
@@ -34,8 +40,8 @@ struct StepTimes {
 
 struct StepReport {
   int64_t step = 0;
-  double loss = 0.0;
-  double grad_norm = 0.0;  ///< L2 norm of this rank's micro-batch gradient
+  double loss = 0.0;       ///< mean over the step's micro-batches
+  double grad_norm = 0.0;  ///< RMS over the step's micro-batches of this rank's gradient L2 norm
   int64_t tokens = 0;
   double flops = 0.0;      ///< model FLOPs of the step's forward + backward
   int64_t bytes_fetched = 0;
@@ -61,6 +67,15 @@ class Trainer {
 
  private:
   Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, CpuGpt<float> model);
+
+  /// Forward and backward of micro-batch `micro`; its gradients are pushed
+  /// (or added to `accumulated`, one reducer per unit, when not null).
+  absl::Status RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log,
+                             std::vector<TreeReducer>* accumulated,
+                             std::vector<std::shared_ptr<UnitTransfer>>* pushes);
+  /// Reduces `grads` within the group (if any) and starts pushing them.
+  absl::Status PushUnit(int unit, int64_t step, int micro, std::vector<float> grads, TransferLog* log,
+                        std::vector<std::shared_ptr<UnitTransfer>>* pushes);
 
   ShardClient* const client_;
   const TokenDataset* const data_;

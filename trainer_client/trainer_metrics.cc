@@ -23,7 +23,7 @@ std::vector<double> TransferBounds() { return Histogram::ExponentialBounds(0.000
 metrics::Counter& Phase(metrics::Registry& r, int rank, const char* phase) {
   return r.AddCounter("pshard_trainer_phase_seconds_total",
                       "Step wall time by disjoint phase (compute, comm_exposed, data, other); the phases sum "
-                      "to pshard_trainer_step_wall_seconds_total.")
+                      "to pshard_trainer_step_seconds_sum.")
       .Add(With(Rank(rank), "phase", phase));
 }
 
@@ -35,13 +35,10 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       phase_comm_exposed_(Phase(r, rank, "comm_exposed")),
       phase_data_(Phase(r, rank, "data")),
       phase_other_(Phase(r, rank, "other")),
-      wall_(r.AddCounter("pshard_trainer_step_wall_seconds_total", "Wall time spent in training steps.")
-                .Add(Rank(rank))),
       comm_busy_(r.AddCounter("pshard_trainer_comm_busy_seconds_total",
                               "Wall time during which any fetch or push was in flight; minus comm_exposed it "
                               "is the communication hidden behind compute.")
                      .Add(Rank(rank))),
-      steps_(r.AddCounter("pshard_trainer_steps_total", "Training steps completed.").Add(Rank(rank))),
       tokens_(r.AddCounter("pshard_trainer_tokens_total", "Tokens trained on.").Add(Rank(rank))),
       flops_(r.AddCounter("pshard_trainer_model_flops_total", "Model FLOPs of forward and backward passes.")
                  .Add(Rank(rank))),
@@ -49,7 +46,10 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
                        .Add(With(With(Rank(rank), "direction", "fetch"), "transport", transport))),
       push_bytes_(r.AddCounter("pshard_trainer_transfer_bytes_total", "Bytes moved on the wire by direction.")
                       .Add(With(With(Rank(rank), "direction", "push"), "transport", transport))),
-      step_seconds_(r.AddHistogram("pshard_trainer_step_seconds", "Wall time of one training step.", StepBounds())
+      step_seconds_(r.AddHistogram("pshard_trainer_step_seconds",
+                                   "Wall time of training steps (its _sum is the total the phases add up to, its "
+                                   "_count the steps completed).",
+                                   StepBounds())
                         .Add(Rank(rank))),
       fetch_seconds_(r.AddHistogram("pshard_trainer_fetch_seconds",
                                     "Latency of fetching one unit from all shards.", TransferBounds())
@@ -77,9 +77,7 @@ void TrainerMetrics::RecordStep(const StepReport& report) {
   phase_comm_exposed_.Increment(absl::ToDoubleSeconds(report.times.comm_exposed));
   phase_data_.Increment(absl::ToDoubleSeconds(report.times.data));
   phase_other_.Increment(absl::ToDoubleSeconds(report.times.other));
-  wall_.Increment(wall);
   comm_busy_.Increment(absl::ToDoubleSeconds(report.times.comm_busy));
-  steps_.Increment();
   tokens_.Increment(static_cast<double>(report.tokens));
   flops_.Increment(report.flops);
   fetch_bytes_.Increment(static_cast<double>(report.bytes_fetched));

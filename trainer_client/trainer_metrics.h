@@ -26,9 +26,7 @@ class TrainerMetrics {
   metrics::Counter& phase_comm_exposed_;
   metrics::Counter& phase_data_;
   metrics::Counter& phase_other_;
-  metrics::Counter& wall_;
   metrics::Counter& comm_busy_;
-  metrics::Counter& steps_;
   metrics::Counter& tokens_;
   metrics::Counter& flops_;
   metrics::Counter& fetch_bytes_;

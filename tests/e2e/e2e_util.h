@@ -2,16 +2,28 @@
 #ifndef PSHARD_TESTS_E2E_E2E_UTIL_H_
 #define PSHARD_TESTS_E2E_E2E_UTIL_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tools/process.h"
 
@@ -60,6 +72,103 @@ inline absl::StatusOr<ChildProcess> StartLocal(const std::string& run_dir, std::
                                    "--metrics_port_base=0"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return ChildProcess::Spawn(argv, run_dir + "/launcher.log");
+}
+
+// True when nothing listens on 127.0.0.1:`port` (a bind to it succeeds).
+inline bool PortIsFree(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return free;
+}
+
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+
+// GET http://127.0.0.1:`port``path` (HTTP/1.0: the body runs to the end of
+// the connection, never chunked).
+inline absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path, int timeout_s = 10) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket failed");
+  timeval timeout{timeout_s, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1:", port, "\r\n\r\n");
+  std::string response;
+  bool sent = send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
+  char buffer[16384];
+  ssize_t n = 0;
+  while (sent && (n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  if (!sent || n < 0) return absl::UnavailableError(absl::StrCat("GET ", path, " on port ", port, " failed"));
+  const size_t header_end = response.find("\r\n\r\n");
+  HttpResponse r;
+  if (header_end == std::string::npos || sscanf(response.c_str(), "HTTP/%*d.%*d %d", &r.status) != 1) {
+    return absl::DataLossError(absl::StrCat("malformed HTTP response: ", response.substr(0, 200)));
+  }
+  r.body = response.substr(header_end + 4);
+  return r;
+}
+
+// Percent-encodes everything but RFC 3986 unreserved characters.
+inline std::string UrlEncode(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[4];
+      snprintf(hex, sizeof(hex), "%%%02X", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+// Runs `command` with /bin/sh, capturing its stdout (add 2>&1 for stderr).
+inline CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+// The gRPC addresses of the shard servers of a `pshard local` run (line 1
+// of RUN_DIR/serverS.port); empty when a port file is missing.
+inline std::vector<std::string> LocalServerAddresses(const std::string& run_dir, int num_servers) {
+  std::vector<std::string> addresses;
+  for (int s = 0; s < num_servers; ++s) {
+    std::ifstream in(absl::StrCat(run_dir, "/server", s, ".port"));
+    int port = 0;
+    if (!(in >> port) || port <= 0) return {};
+    addresses.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  return addresses;
 }
 
 }  // namespace pshard

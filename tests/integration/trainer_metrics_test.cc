@@ -86,11 +86,11 @@ TEST(TrainerMetricsTest, PhasesSumToMeasuredWallTime) {
   }
   EXPECT_GT(Phase(m, "compute"), 0);
   EXPECT_GT(Phase(m, "comm_exposed"), 0);
-  const double wall = Sample(m, "pshard_trainer_step_wall_seconds_total{rank=\"0\"}");
+  const double wall = Sample(m, "pshard_trainer_step_seconds_sum{rank=\"0\"}");
   EXPECT_NEAR(sum, wall, 1e-6 * wall);
   // Against a clock read outside the trainer: within 2%.
   EXPECT_NEAR(sum, run.external_wall, 0.02 * run.external_wall);
-  EXPECT_EQ(Sample(m, "pshard_trainer_steps_total{rank=\"0\"}"), 10);
+  EXPECT_EQ(Sample(m, "pshard_trainer_step_seconds_count{rank=\"0\"}"), 10);
   EXPECT_EQ(Sample(m, "pshard_trainer_fetch_seconds_count{rank=\"0\",transport=\"grpc\"}"),
             10 * (2 * 4 - 1));  // 4 units fetched in forward, 3 again in backward
   const double busy = Sample(m, "pshard_trainer_comm_busy_seconds_total{rank=\"0\"}");
@@ -110,7 +110,7 @@ TEST(TrainerMetricsTest, PrefetchReducesExposedCommunicationOnASlowLink) {
   for (int depth = 0; depth <= 2; ++depth) {
     const RunResult run = Train(**cluster, 4, depth, *link);
     exposed[depth] = Phase(run.metrics, "comm_exposed");
-    wall[depth] = Sample(run.metrics, "pshard_trainer_step_wall_seconds_total{rank=\"0\"}");
+    wall[depth] = Sample(run.metrics, "pshard_trainer_step_seconds_sum{rank=\"0\"}");
     ASSERT_GT(exposed[depth], 0) << run.metrics;
     // Comm-bound: most of the step waits for the link.
     EXPECT_GT(exposed[depth], 0.3 * wall[depth]) << "depth " << depth;

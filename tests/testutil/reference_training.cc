@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/reduction_tree.h"
 #include "common/status_macros.h"
 #include "common/optimizer.h"
 
@@ -29,10 +30,11 @@ absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job
   return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model));
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGradient(int64_t step, int rank) {
+absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGradient(int64_t step, int rank,
+                                                                                     int micro) {
   const size_t n = static_cast<size_t>(trainer_.batch) * trainer_.seq_len;
   std::vector<int32_t> tokens(n), targets(n);
-  RETURN_IF_ERROR(data_->SampleBatch(trainer_.data_seed, step, rank, 0, trainer_.batch, trainer_.seq_len,
+  RETURN_IF_ERROR(data_->SampleBatch(trainer_.data_seed, step, rank, micro, trainer_.batch, trainer_.seq_len,
                                      tokens, targets));
   RETURN_IF_ERROR(model_.SetBatch(tokens, targets));
   std::vector<std::vector<float>> weights = master_;
@@ -40,31 +42,51 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGra
   std::vector<std::vector<float>> grads;
   ASSIGN_OR_RETURN(float loss, LossAndGradients(model_, weights, &grads));
   (void)loss;
-  for (size_t u = 0; u < grads.size(); ++u) {
-    grads[u].resize(layout_.partitions[u].padded_numel(), 0.0f);
-    RoundTripInPlace(encoding_, grads[u]);
-  }
+  for (size_t u = 0; u < grads.size(); ++u) grads[u].resize(layout_.partitions[u].padded_numel(), 0.0f);
   return grads;
 }
 
 absl::Status ReferenceTraining::Step(int64_t step) {
   const size_t units = master_.size();
-  std::vector<std::vector<float>> sum(units);
-  for (size_t u = 0; u < units; ++u) sum[u].assign(master_[u].size(), 0.0f);
+  const int ranks = job_.num_trainers;
+  const int micros = job_.micro_batches;
   bool non_finite = false;
-  for (int r = 0; r < job_.num_trainers; ++r) {
-    ASSIGN_OR_RETURN(std::vector<std::vector<float>> g, MicroBatchGradient(step, r));
-    for (size_t u = 0; u < units; ++u) {
-      bool finite = true;
-      for (float x : g[u]) finite = finite && std::isfinite(x);
-      non_finite = non_finite || !finite;
-      if (!finite) continue;  // the servers drop a non-finite contribution
-      for (size_t i = 0; i < g[u].size(); ++i) sum[u][i] += g[u][i];
+  // g[m][r][u]: every micro-batch gradient of the step.
+  std::vector<std::vector<std::vector<std::vector<float>>>> g(micros);
+  for (int m = 0; m < micros; ++m) {
+    for (int r = 0; r < ranks; ++r) {
+      ASSIGN_OR_RETURN(std::vector<std::vector<float>> grad, MicroBatchGradient(step, r, m));
+      g[m].push_back(std::move(grad));
     }
   }
-  const float trainers = static_cast<float>(job_.num_trainers);
+  std::vector<std::vector<float>> sum(units);
+  for (size_t u = 0; u < units; ++u) {
+    auto pushed = [&](std::vector<float> v) {  // what one push carries
+      RoundTripInPlace(encoding_, v);
+      for (float x : v) non_finite = non_finite || !std::isfinite(x);
+      return v;
+    };
+    if (job_.accumulate_on_trainer) {
+      std::vector<std::vector<float>> per_rank;
+      for (int r = 0; r < ranks; ++r) {
+        std::vector<std::vector<float>> per_micro;
+        for (int m = 0; m < micros; ++m) per_micro.push_back(g[m][r][u]);
+        per_rank.push_back(pushed(TreeSum(std::move(per_micro))));
+      }
+      sum[u] = TreeSum(std::move(per_rank));
+    } else {
+      std::vector<std::vector<float>> per_micro;
+      for (int m = 0; m < micros; ++m) {
+        std::vector<std::vector<float>> per_rank;
+        for (int r = 0; r < ranks; ++r) per_rank.push_back(pushed(g[m][r][u]));
+        per_micro.push_back(TreeSum(std::move(per_rank)));
+      }
+      sum[u] = TreeSum(std::move(per_micro));
+    }
+  }
+  const float contributions = static_cast<float>(ranks) * static_cast<float>(micros);
   for (auto& s : sum) {
-    for (float& x : s) x = x / trainers;
+    for (float& x : s) x = x / contributions;
   }
   // The norm is summed shard by shard (units in order within a shard), as
   // the servers' agreement does.

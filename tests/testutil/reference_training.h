@@ -1,7 +1,9 @@
 // Unsharded training in one process: the parity oracle. It trains the same
 // model on the same micro-batches as M trainers against N servers and
-// applies the same roundings (the wire encoding on weights and gradients,
-// contributions summed in rank order, the norm summed shard by shard).
+// applies the same roundings: the wire encoding on weights and gradients,
+// contributions summed in the canonical tree order (per micro-batch over
+// ranks, then over micro-batches; or, when trainers accumulate, over their
+// micro-batches first), the norm summed shard by shard.
 #ifndef PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 #define PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 
@@ -21,9 +23,10 @@ class ReferenceTraining {
   static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncoding encoding,
                                                   const TrainerOptions& trainer, const TokenDataset* data);
 
-  /// The gradient of micro-batch `rank` at `step` with the current weights
-  /// as the wire delivers them (padded per unit, wire-rounded).
-  absl::StatusOr<std::vector<std::vector<float>>> MicroBatchGradient(int64_t step, int rank);
+  /// The gradient of trainer `rank`'s micro-batch `micro` at `step` with the
+  /// current weights as the wire delivers them (padded per unit; not rounded
+  /// to the wire encoding).
+  absl::StatusOr<std::vector<std::vector<float>>> MicroBatchGradient(int64_t step, int rank, int micro = 0);
   /// One optimizer step over all M micro-batches.
   absl::Status Step(int64_t step);
 

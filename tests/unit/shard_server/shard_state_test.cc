@@ -14,6 +14,14 @@
 namespace pshard {
 namespace {
 
+ContributionId Id(int trainer, int64_t step, int unit) {
+  ContributionId id;
+  id.trainer = trainer;
+  id.step = step;
+  id.unit = unit;
+  return id;
+}
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -68,7 +76,7 @@ void ContributeAll(ShardState& state, int64_t step, const std::vector<int>& trai
   for (int unit = 0; unit < state.num_units(); ++unit) {
     const SliceRange slice = state.layout().partitions[unit].Slice(state.shard_index());
     for (int t : trainer_order) {
-      auto d = state.Contribute(t, step, unit,
+      auto d = state.Contribute(Id(t, step, unit),
                                 GradientSlice(slice.length, slice.valid, t, unit, values_of_step));
       ASSERT_TRUE(d.ok()) << d.status();
       EXPECT_EQ(*d, PushDisposition::kAccepted);
@@ -237,8 +245,8 @@ TEST(ShardStateTest, DeterministicModeIgnoresArrivalOrder) {
     const int64_t n = in_order->slice_length(u);
     const auto g0 = contribution(0, u, n), g1 = contribution(1, u, n), g2 = contribution(2, u, n);
     for (int64_t i = 0; i < n; ++i) order_matters |= ((g0[i] + g1[i]) + g2[i]) != ((g2[i] + g0[i]) + g1[i]);
-    for (int t : {0, 1, 2}) ASSERT_TRUE(in_order->Contribute(t, 0, u, contribution(t, u, n)).ok());
-    for (int t : {2, 0, 1}) ASSERT_TRUE(shuffled->Contribute(t, 0, u, contribution(t, u, n)).ok());
+    for (int t : {0, 1, 2}) ASSERT_TRUE(in_order->Contribute(Id(t, 0, u), contribution(t, u, n)).ok());
+    for (int t : {2, 0, 1}) ASSERT_TRUE(shuffled->Contribute(Id(t, 0, u), contribution(t, u, n)).ok());
   }
   ASSERT_TRUE(order_matters) << "the contributions do not exercise the order of addition";
   for (ShardState* s : {in_order.get(), shuffled.get()}) {
@@ -260,26 +268,26 @@ TEST(ShardStateTest, ContributeRefusesBadPushesAndIgnoresDuplicates) {
   ASSERT_NE(state, nullptr);
   const int64_t n = state->slice_length(1);
   const std::vector<float> g(n, 0.5f);
-  EXPECT_EQ(state->Contribute(0, 0, 3, g).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(state->Contribute(0, 0, -1, g).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(state->Contribute(2, 0, 1, g).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state->Contribute(-1, 0, 1, g).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(state->Contribute(0, 1, 1, g).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(state->Contribute(0, 0, 1, std::vector<float>(n - 1, 0.5f)).status().code(),
+  EXPECT_EQ(state->Contribute(Id(0, 0, 3), g).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state->Contribute(Id(0, 0, -1), g).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state->Contribute(Id(2, 0, 1), g).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state->Contribute(Id(-1, 0, 1), g).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state->Contribute(Id(0, 1, 1), g).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(state->Contribute(Id(0, 0, 1), std::vector<float>(n - 1, 0.5f)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(state->DescribeWait(), HasSubstr("trainer 0 (units 0,1,2)"));
 
-  auto first = state->Contribute(0, 0, 1, g);
+  auto first = state->Contribute(Id(0, 0, 1), g);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(*first, PushDisposition::kAccepted);
-  auto again = state->Contribute(0, 0, 1, std::vector<float>(n, 100.0f));
+  auto again = state->Contribute(Id(0, 0, 1), std::vector<float>(n, 100.0f));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, PushDisposition::kDuplicate);
 
   for (int u = 0; u < state->num_units(); ++u) {
     for (int t = 0; t < 2; ++t) {
       if (u == 1 && t == 0) continue;
-      ASSERT_TRUE(state->Contribute(t, 0, u, std::vector<float>(state->slice_length(u), 0.0f)).ok());
+      ASSERT_TRUE(state->Contribute(Id(t, 0, u), std::vector<float>(state->slice_length(u), 0.0f)).ok());
     }
   }
   ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
@@ -287,9 +295,9 @@ TEST(ShardStateTest, ContributeRefusesBadPushesAndIgnoresDuplicates) {
   const StepNorm norm = state->FinishReduction();
   EXPECT_DOUBLE_EQ(norm.total_sum_of_squares, 0.0625 * static_cast<double>(n));
   state->ApplyStep(norm);
-  EXPECT_EQ(state->CheckPush(0, 0, 1).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(state->CheckPush(0, 0, 1).message(), HasSubstr("already applied"));
-  EXPECT_EQ(state->Contribute(0, 0, 1, g).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(state->CheckPush(Id(0, 0, 1)).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(state->CheckPush(Id(0, 0, 1)).message(), HasSubstr("already applied"));
+  EXPECT_EQ(state->Contribute(Id(0, 0, 1), g).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ShardStateTest, NonFiniteContributionSkipsTheUpdate) {
@@ -307,14 +315,14 @@ TEST(ShardStateTest, NonFiniteContributionSkipsTheUpdate) {
     const int64_t n = state->slice_length(2);
     std::vector<float> poisoned = GradientSlice(n, n, 0, 2, 0);
     poisoned[5] = bad;
-    auto d = state->Contribute(0, 0, 2, poisoned);
+    auto d = state->Contribute(Id(0, 0, 2), poisoned);
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_EQ(*d, PushDisposition::kAcceptedNonFinite);
     for (int u = 0; u < state->num_units(); ++u) {
       for (int t = 0; t < 2; ++t) {
         if (u == 2 && t == 0) continue;
         const int64_t len = state->slice_length(u);
-        ASSERT_TRUE(state->Contribute(t, 0, u, GradientSlice(len, len, t, u, 0)).ok());
+        ASSERT_TRUE(state->Contribute(Id(t, 0, u), GradientSlice(len, len, t, u, 0)).ok());
       }
     }
     ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
@@ -384,9 +392,9 @@ TEST(ShardStateTest, WhenPublishedAnswersNowLaterGoneOrAtTheDeadline) {
 
   // Step 1: trainer 0 sends every unit, trainer 1 only unit 0.
   for (int u = 0; u < state->num_units(); ++u) {
-    ASSERT_TRUE(state->Contribute(0, 1, u, std::vector<float>(state->slice_length(u), 0.1f)).ok());
+    ASSERT_TRUE(state->Contribute(Id(0, 1, u), std::vector<float>(state->slice_length(u), 0.1f)).ok());
   }
-  ASSERT_TRUE(state->Contribute(1, 1, 0, std::vector<float>(state->slice_length(0), 0.1f)).ok());
+  ASSERT_TRUE(state->Contribute(Id(1, 1, 0), std::vector<float>(state->slice_length(0), 0.1f)).ok());
   Recorder late;
   const absl::Time start = absl::Now();
   state->WhenPublished(2, 2, start + absl::Milliseconds(200), late.Waiter());
@@ -406,9 +414,9 @@ TEST(ShardStateTest, DescribeWaitNamesMissingTrainersAndUnits) {
   auto state = MakeState(job, 0);
   ASSERT_NE(state, nullptr);
   for (int u = 0; u < state->num_units(); ++u) {
-    ASSERT_TRUE(state->Contribute(0, 0, u, std::vector<float>(state->slice_length(u), 0.0f)).ok());
+    ASSERT_TRUE(state->Contribute(Id(0, 0, u), std::vector<float>(state->slice_length(u), 0.0f)).ok());
   }
-  ASSERT_TRUE(state->Contribute(1, 0, 0, std::vector<float>(state->slice_length(0), 0.0f)).ok());
+  ASSERT_TRUE(state->Contribute(Id(1, 0, 0), std::vector<float>(state->slice_length(0), 0.0f)).ok());
 
   const std::string wait = state->DescribeWait();
   EXPECT_THAT(wait, HasSubstr("shard 0, step 0"));
@@ -423,7 +431,7 @@ TEST(ShardStateTest, DescribeWaitNamesMissingTrainersAndUnits) {
   for (int u = 0; u < state->num_units(); ++u) {
     for (int t : {1, 2}) {
       if (u == 0 && t == 1) continue;
-      ASSERT_TRUE(state->Contribute(t, 0, u, std::vector<float>(state->slice_length(u), 0.0f)).ok());
+      ASSERT_TRUE(state->Contribute(Id(t, 0, u), std::vector<float>(state->slice_length(u), 0.0f)).ok());
     }
   }
   EXPECT_THAT(state->DescribeWait(), HasSubstr("all gradients received"));
@@ -448,7 +456,7 @@ TEST(ShardStateTest, PushForTheNextStepDuringPublishIsKept) {
     step_seen = state->current_step();
     std::vector<float> g(state->slice_length(0), 0.0f);
     g[0] = std::numeric_limits<float>::quiet_NaN();
-    early = state->Contribute(0, 1, 0, std::move(g));
+    early = state->Contribute(Id(0, 1, 0), std::move(g));
   });
   state->WhenPublished(0, 1, absl::Now() + absl::Seconds(60), waiter);
   state->ApplyStep(norm);  // unit 0's waiter runs inside, before units 1 and 2 publish
@@ -457,7 +465,7 @@ TEST(ShardStateTest, PushForTheNextStepDuringPublishIsKept) {
   EXPECT_EQ(step_seen, 1) << "a published version must already be the current step";
 
   for (int u = 1; u < state->num_units(); ++u) {
-    ASSERT_TRUE(state->Contribute(0, 1, u, std::vector<float>(state->slice_length(u), 0.1f)).ok());
+    ASSERT_TRUE(state->Contribute(Id(0, 1, u), std::vector<float>(state->slice_length(u), 0.1f)).ok());
   }
   ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
   EXPECT_TRUE(state->FinishReduction().non_finite)

@@ -1,0 +1,312 @@
+// End to end: a real Prometheus scrapes a real `pshard local` cluster, every
+// query of the Grafana dashboard returns data from it, and the shipped
+// Prometheus config and every /metrics endpoint pass promtool.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/e2e_util.h"
+
+namespace pshard {
+namespace {
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr char kPromtool[] = "/usr/bin/promtool";
+constexpr int kServers = 2;
+constexpr int kTrainers = 2;
+
+// ---- A minimal JSON reader: the string values of one key ----
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    *out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    *out += static_cast<char>(0xC0 | (cp >> 6));
+    *out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    *out += static_cast<char>(0xE0 | (cp >> 12));
+    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    *out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    *out += static_cast<char>(0xF0 | (cp >> 18));
+    *out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    *out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    *out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Reads 4 hex digits at json[*pos], advancing past them.
+absl::StatusOr<uint32_t> ParseHex4(const std::string& json, size_t* pos) {
+  if (*pos + 4 > json.size()) return absl::InvalidArgumentError("truncated \\u escape");
+  uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) {
+    const char c = json[(*pos)++];
+    value <<= 4;
+    if (c >= '0' && c <= '9') {
+      value |= static_cast<uint32_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      value |= static_cast<uint32_t>(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+      value |= static_cast<uint32_t>(c - 'A' + 10);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("bad hex digit in \\u escape at offset ", *pos - 1));
+    }
+  }
+  return value;
+}
+
+// Parses the JSON string whose opening quote is at json[*pos]; leaves *pos
+// just past the closing quote.
+absl::StatusOr<std::string> ParseJsonString(const std::string& json, size_t* pos) {
+  std::string out;
+  ++*pos;
+  while (*pos < json.size()) {
+    const char c = json[(*pos)++];
+    if (c == '"') return out;
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (*pos >= json.size()) break;
+    const char e = json[(*pos)++];
+    switch (e) {
+      case '"': case '\\': case '/': out += e; break;
+      case 'b': out += '\b'; break;
+      case 'f': out += '\f'; break;
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case 'u': {
+        absl::StatusOr<uint32_t> cp = ParseHex4(json, pos);
+        if (!cp.ok()) return cp.status();
+        if (*cp >= 0xD800 && *cp < 0xDC00 && json.compare(*pos, 2, "\\u") == 0) {  // surrogate pair
+          *pos += 2;
+          absl::StatusOr<uint32_t> low = ParseHex4(json, pos);
+          if (!low.ok()) return low.status();
+          *cp = 0x10000 + ((*cp - 0xD800) << 10) + (*low - 0xDC00);
+        }
+        AppendUtf8(*cp, &out);
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("bad escape \\", std::string(1, e), " at offset ", *pos));
+    }
+  }
+  return absl::InvalidArgumentError("unterminated string");
+}
+
+// Every string value of `key`, at any depth, in the JSON document `json`.
+// Strings are the only tokens that can hold quotes, so walking from string
+// to string and looking at what follows each is enough.
+absl::StatusOr<std::vector<std::string>> StringValuesOf(const std::string& json, const std::string& key) {
+  std::vector<std::string> values;
+  auto skip_space = [&](size_t p) {
+    while (p < json.size() && isspace(static_cast<unsigned char>(json[p]))) ++p;
+    return p;
+  };
+  size_t pos = 0;
+  while ((pos = json.find('"', pos)) != std::string::npos) {
+    absl::StatusOr<std::string> name = ParseJsonString(json, &pos);
+    if (!name.ok()) return name.status();
+    pos = skip_space(pos);
+    if (pos >= json.size() || json[pos] != ':') continue;  // a value, not a key
+    pos = skip_space(pos + 1);
+    if (*name != key || pos >= json.size() || json[pos] != '"') continue;
+    absl::StatusOr<std::string> value = ParseJsonString(json, &pos);
+    if (!value.ok()) return value.status();
+    values.push_back(*std::move(value));
+  }
+  return values;
+}
+
+// ---- Grafana template variables and the Prometheus HTTP API ----
+
+// What Grafana would send with every variable set to All, over a 1 s scrape.
+std::string Substitute(const std::string& expr) {
+  std::string out = expr;
+  for (const char* name : {"job", "rank", "shard"}) {
+    out = absl::StrReplaceAll(out, {{absl::StrCat("${", name, "}"), ".*"}});
+    out = absl::StrReplaceAll(out, {{absl::StrCat("$", name), ".*"}});
+  }
+  return absl::StrReplaceAll(out, {{"${__rate_interval}", "5s"}, {"$__rate_interval", "5s"},
+                                   {"${__interval}", "2s"}, {"$__interval", "2s"}});
+}
+
+// Empty when `promql` returns at least one sample that is a number; else
+// what went wrong.
+std::string ProblemWithQuery(int port, const std::string& promql) {
+  absl::StatusOr<HttpResponse> r = HttpGet(port, "/api/v1/query?query=" + UrlEncode(promql));
+  if (!r.ok()) return r.status().ToString();
+  if (r->status != 200 || !absl::StrContains(r->body, "\"status\":\"success\"")) {
+    return absl::StrCat("HTTP ", r->status, ": ", r->body);
+  }
+  if (absl::StrContains(r->body, "\"result\":[]")) return "empty result";
+  static const std::regex kSample(R"re("value":\[[^,\]]+,"([^"]*)"\])re");
+  for (std::sregex_iterator it(r->body.begin(), r->body.end(), kSample), end; it != end; ++it) {
+    if ((*it)[1] != "NaN") return "";
+  }
+  return absl::StrCat("no sample is a number: ", r->body.substr(0, 500));
+}
+
+int CountOf(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t p = text.find(needle); p != std::string::npos; p = text.find(needle, p + 1)) ++n;
+  return n;
+}
+
+// A base port b in [20000, 40000) with b + offset free for every offset.
+int FreePortBase(const std::vector<int>& offsets, const std::vector<int>& taken = {}) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> base(20000, 39800);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int b = base(rng);
+    bool free = true;
+    for (int offset : offsets) {
+      free = free && PortIsFree(b + offset) && std::find(taken.begin(), taken.end(), b + offset) == taken.end();
+    }
+    if (free) return b;
+  }
+  return 0;
+}
+
+// Stops a child on the way out of a test that failed half-way.
+class StopOnExit {
+ public:
+  StopOnExit(ChildProcess& child, int signo) : child_(child), signo_(signo) {}
+  ~StopOnExit() {
+    if (child_.Poll()) return;
+    child_.Signal(signo_);
+    if (!child_.WaitUntil(absl::Now() + absl::Seconds(30))) child_.Signal(SIGKILL);
+    child_.WaitUntil(absl::Now() + absl::Seconds(5));
+  }
+
+ private:
+  ChildProcess& child_;
+  const int signo_;
+};
+
+// ---- Tests ----
+
+TEST(PrometheusE2E, ShippedConfigIsValid) {
+  if (access(kPromtool, X_OK) != 0) GTEST_SKIP() << kPromtool << " is not installed";
+  const std::string config = std::string(PSHARD_SOURCE_DIR) + "/dashboards/prometheus/prometheus.yml";
+  const CommandResult check = RunCommand(absl::StrCat(kPromtool, " check config ", config, " 2>&1"));
+  EXPECT_EQ(check.exit_code, 0) << check.output;
+}
+
+TEST(PrometheusE2E, JsonStringValuesAreUnescaped) {
+  absl::StatusOr<std::vector<std::string>> values = StringValuesOf(
+      R"({"expr": "a{b=\"c\"} \\ \u00e9\ud83d\ude00", "x": {"expr" :"2", "y": ["expr", 3]}, "expr": 4})", "expr");
+  ASSERT_TRUE(values.ok()) << values.status();
+  EXPECT_EQ(*values, (std::vector<std::string>{"a{b=\"c\"} \\ \xC3\xA9\xF0\x9F\x98\x80", "2"}));
+  EXPECT_FALSE(StringValuesOf(R"({"expr": "\q"})", "expr").ok());
+  EXPECT_FALSE(StringValuesOf(R"({"expr": "open)", "expr").ok());
+}
+
+TEST(PrometheusE2E, DashboardQueriesReturnDataFromALiveCluster) {
+  if (access(kPrometheus, X_OK) != 0 || access(kPromtool, X_OK) != 0) {
+    GTEST_SKIP() << kPrometheus << " or " << kPromtool << " is not installed";
+  }
+  const std::string dashboard = ReadFile(std::string(PSHARD_SOURCE_DIR) + "/dashboards/grafana/pshard.json");
+  absl::StatusOr<std::vector<std::string>> exprs = StringValuesOf(dashboard, "expr");
+  ASSERT_TRUE(exprs.ok()) << exprs.status();
+  ASSERT_FALSE(exprs->empty()) << "no \"expr\" in the dashboard";
+  absl::StatusOr<std::vector<std::string>> variable_queries = StringValuesOf(dashboard, "query");
+  ASSERT_TRUE(variable_queries.ok()) << variable_queries.status();
+
+  const std::string run_dir = MakeRunDir();
+  std::vector<int> cluster_ports;
+  const int base = FreePortBase({0, 1, 100, 101});
+  ASSERT_NE(base, 0) << "no free metrics ports";
+  for (int s = 0; s < kServers; ++s) cluster_ports.push_back(base + s);
+  for (int r = 0; r < kTrainers; ++r) cluster_ports.push_back(base + 100 + r);
+  const int prometheus_port = FreePortBase({0}, cluster_ports);
+  ASSERT_NE(prometheus_port, 0) << "no free port for Prometheus";
+
+  absl::StatusOr<ChildProcess> launcher = StartLocal(
+      run_dir, {absl::StrCat("--servers=", kServers), absl::StrCat("--trainers=", kTrainers), "--steps=100000",
+                "--layers=2", "--d_model=64", "--heads=2", "--context=32", "--seq_len=32",
+                absl::StrCat("--metrics_port_base=", base)});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  StopOnExit stop_launcher(*launcher, SIGINT);
+  const std::string config = run_dir + "/prometheus.yml";
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!std::filesystem::exists(config) && absl::Now() < deadline) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(std::filesystem::exists(config)) << ReadFile(run_dir + "/launcher.log");
+
+  absl::StatusOr<ChildProcess> prometheus = ChildProcess::Spawn(
+      {kPrometheus, "--config.file=" + config, "--storage.tsdb.path=" + run_dir + "/tsdb",
+       absl::StrCat("--web.listen-address=127.0.0.1:", prometheus_port)},
+      run_dir + "/prometheus.log");
+  ASSERT_TRUE(prometheus.ok()) << prometheus.status();
+  StopOnExit stop_prometheus(*prometheus, SIGTERM);
+
+  // All targets up, then enough scrapes for rates over 5 s windows.
+  int up = 0;
+  while (up < kServers + kTrainers && absl::Now() < deadline) {
+    ASSERT_FALSE(prometheus->Poll().has_value()) << ReadFile(run_dir + "/prometheus.log");
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    absl::StatusOr<HttpResponse> targets = HttpGet(prometheus_port, "/api/v1/targets");
+    up = targets.ok() ? CountOf(targets->body, "\"health\":\"up\"") : 0;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_EQ(up, kServers + kTrainers) << "targets not up within 60 s\n" << ReadFile(run_dir + "/prometheus.log");
+  absl::SleepFor(absl::Seconds(10));
+  ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+
+  for (const std::string& expr : *exprs) {
+    const std::string promql = Substitute(expr);
+    EXPECT_FALSE(absl::StrContains(promql, "$")) << "unsubstituted variable in " << expr;
+    EXPECT_EQ(ProblemWithQuery(prometheus_port, promql), "") << "dashboard expression: " << expr;
+  }
+  // label_values(SELECTOR, LABEL) variable queries: some series carry LABEL.
+  static const std::regex kLabelValues(R"(label_values\((.+), *(\w+)\))");
+  for (const std::string& query : *variable_queries) {
+    std::smatch m;
+    if (!std::regex_match(query, m, kLabelValues)) continue;
+    const std::string promql = Substitute(absl::StrCat("count by (", m[2].str(), ") (", m[1].str(), ")"));
+    EXPECT_EQ(ProblemWithQuery(prometheus_port, promql), "") << "template variable query: " << query;
+  }
+
+  for (int port : cluster_ports) {
+    absl::StatusOr<HttpResponse> metrics = HttpGet(port, "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    ASSERT_EQ(metrics->status, 200);
+    const std::string file = absl::StrCat(run_dir, "/metrics-", port, ".txt");
+    std::ofstream(file) << metrics->body;
+    const CommandResult lint = RunCommand(absl::StrCat(kPromtool, " check metrics < ", file, " 2>&1"));
+    EXPECT_EQ(lint.exit_code, 0) << "port " << port << ":\n" << lint.output;
+    EXPECT_EQ(lint.output, "") << "port " << port;
+  }
+
+  prometheus->Signal(SIGTERM);
+  std::optional<int> prometheus_code = prometheus->WaitUntil(absl::Now() + absl::Seconds(30));
+  ASSERT_TRUE(prometheus_code.has_value()) << "Prometheus did not stop within 30 s of SIGTERM";
+  EXPECT_EQ(*prometheus_code, 0) << ReadFile(run_dir + "/prometheus.log");
+  launcher->Signal(SIGINT);
+  std::optional<int> launcher_code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(launcher_code.has_value()) << "launcher did not stop within 60 s of SIGINT";
+  EXPECT_EQ(*launcher_code, 130) << ReadFile(run_dir + "/launcher.log");
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0) << "processes left behind";
+}
+
+}  // namespace
+}  // namespace pshard

@@ -1,0 +1,145 @@
+#include "trainer_client/group_collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/partition.h"
+#include "common/reduction_tree.h"
+
+namespace pshard {
+namespace {
+
+// Where members of an in-process group meet: each call publishes the
+// member's buffer, waits for all, works on the others' buffers in place,
+// then waits again so that no buffer changes while another member reads it.
+class Rendezvous {
+ public:
+  Rendezvous(int size, absl::Duration timeout) : size_(size), timeout_(timeout), buffers_(size) {}
+
+  /// Phase barrier: returns once all members arrived at this `generation`.
+  absl::Status Arrive(int member, int64_t generation, std::span<float> buffer, const char* what) {
+    absl::MutexLock lock(&mu_);
+    if (buffer.data() != nullptr) buffers_[member] = buffer;
+    arrived_[generation].push_back(member);
+    const absl::Time deadline = absl::Now() + timeout_;
+    auto all_here = [this, generation] { return static_cast<int>(arrived_[generation].size()) >= size_; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&all_here), deadline)) {
+      std::vector<int> missing;
+      for (int m = 0; m < size_; ++m) {
+        const auto& here = arrived_[generation];
+        if (std::find(here.begin(), here.end(), m) == here.end()) missing.push_back(m);
+      }
+      return absl::DeadlineExceededError(absl::StrCat("fabric group ", what, ": member(s) ",
+                                                      absl::StrJoin(missing, ","), " did not arrive within ",
+                                                      absl::FormatDuration(timeout_)));
+    }
+    // The last to leave a generation forgets it.
+    if (++left_[generation] == size_) {
+      arrived_.erase(generation);
+      left_.erase(generation);
+    }
+    return absl::OkStatus();
+  }
+
+  std::span<float> buffer(int member) {
+    absl::MutexLock lock(&mu_);
+    return buffers_[member];
+  }
+
+ private:
+  const int size_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::vector<std::span<float>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<int>> arrived_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, int> left_ ABSL_GUARDED_BY(mu_);
+};
+
+class HostGroupMember final : public GroupCollective {
+ public:
+  HostGroupMember(std::shared_ptr<Rendezvous> rendezvous, int size, int rank)
+      : rendezvous_(std::move(rendezvous)), size_(size), rank_(rank) {}
+
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+  absl::Status AllGather(std::span<float> buffer, const GroupOwnership& owned) override {
+    if (absl::Status s = Check(buffer, owned); !s.ok()) return s;
+    const int64_t call = calls_++;
+    if (absl::Status s = rendezvous_->Arrive(rank_, 2 * call, buffer, "all-gather"); !s.ok()) return s;
+    for (int m = 0; m < size_; ++m) {
+      if (m == rank_) continue;
+      const std::span<float> theirs = rendezvous_->buffer(m);
+      for (const ElementRange& r : owned[m]) {
+        std::memcpy(buffer.data() + r.begin, theirs.data() + r.begin, r.length * sizeof(float));
+      }
+    }
+    return rendezvous_->Arrive(rank_, 2 * call + 1, {}, "all-gather");
+  }
+
+  absl::Status ReduceScatter(std::span<float> buffer, const GroupOwnership& owned) override {
+    if (absl::Status s = Check(buffer, owned); !s.ok()) return s;
+    const int64_t call = calls_++;
+    if (absl::Status s = rendezvous_->Arrive(rank_, 2 * call, buffer, "reduce-scatter"); !s.ok()) return s;
+    std::vector<std::vector<float>> sums;
+    for (const ElementRange& r : owned[rank_]) {
+      std::vector<std::vector<float>> parts;
+      for (int m = 0; m < size_; ++m) {
+        const std::span<float> b = rendezvous_->buffer(m);
+        parts.emplace_back(b.begin() + r.begin, b.begin() + r.begin + r.length);
+      }
+      sums.push_back(TreeSum(std::move(parts)));
+    }
+    // Others may still read this member's buffer: write only after they are done.
+    if (absl::Status s = rendezvous_->Arrive(rank_, 2 * call + 1, {}, "reduce-scatter"); !s.ok()) return s;
+    for (size_t i = 0; i < sums.size(); ++i) {
+      std::memcpy(buffer.data() + owned[rank_][i].begin, sums[i].data(), sums[i].size() * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Check(std::span<float> buffer, const GroupOwnership& owned) const {
+    if (static_cast<int>(owned.size()) != size_) {
+      return absl::InvalidArgumentError(absl::StrCat("ownership lists ", owned.size(), " members; the group has ", size_));
+    }
+    for (const auto& ranges : owned) {
+      for (const ElementRange& r : ranges) {
+        if (r.begin < 0 || r.length < 0 || r.begin + r.length > static_cast<int64_t>(buffer.size())) {
+          return absl::InvalidArgumentError(absl::StrCat("range [", r.begin, ", ", r.begin + r.length,
+                                                         ") is outside a buffer of ", buffer.size()));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<Rendezvous> rendezvous_;
+  const int size_;
+  const int rank_;
+  int64_t calls_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size, absl::Duration timeout) {
+  auto rendezvous = std::make_shared<Rendezvous>(size, timeout);
+  std::vector<std::unique_ptr<GroupCollective>> members;
+  for (int r = 0; r < size; ++r) members.push_back(std::make_unique<HostGroupMember>(rendezvous, size, r));
+  return members;
+}
+
+GroupOwnership ShardOwnership(const UnitPartition& partition, int group_size) {
+  GroupOwnership owned(group_size);
+  for (int s = 0; s < partition.num_shards; ++s) {
+    const SliceRange slice = partition.Slice(s);
+    owned[s % group_size].push_back({slice.begin, slice.length});
+  }
+  return owned;
+}
+
+}  // namespace pshard

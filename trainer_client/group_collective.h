@@ -1,0 +1,61 @@
+// Collectives inside a fabric group: trainers joined by a fast fabric that
+// split each unit's fetch among themselves (all-gather) and reduce their
+// gradients before pushing (reduce-scatter), so the slow network carries
+// each byte once per group. NCCL implements this on GPUs; HostGroup here
+// implements it in shared memory so that the grouping logic runs anywhere.
+#ifndef PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_
+#define PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/partition.h"
+
+namespace pshard {
+
+/// A run of elements [begin, begin + length) of a unit buffer.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+
+/// Which ranges of a unit buffer each member is responsible for.
+using GroupOwnership = std::vector<std::vector<ElementRange>>;  // [member][range]
+
+/// One member's handle on its group. Every member must make the same calls
+/// in the same order (they are collective). Not thread-safe per member.
+class GroupCollective {
+ public:
+  virtual ~GroupCollective() = default;
+  virtual int size() const = 0;
+  /// This member's index in the group, 0..size()-1.
+  virtual int rank() const = 0;
+
+  /// On entry each member's `buffer` holds valid data in its own ranges of
+  /// `owned`; on return every member's buffer holds every member's ranges.
+  virtual absl::Status AllGather(std::span<float> buffer, const GroupOwnership& owned) = 0;
+
+  /// On entry each member's `buffer` holds its full contribution; on return
+  /// this member's ranges of `owned` hold the sum over members, in the
+  /// canonical tree order of member index (common/reduction_tree.h). Other
+  /// ranges are unspecified.
+  virtual absl::Status ReduceScatter(std::span<float> buffer, const GroupOwnership& owned) = 0;
+};
+
+/// Creates the `size` members of a group whose members are threads of this
+/// process (shared memory). Every call waits at most `timeout` for the other
+/// members and then fails naming the ones that did not arrive.
+std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size,
+                                                              absl::Duration timeout = absl::Seconds(120));
+
+/// Shard s is fetched and pushed by member s % group_size: the ranges of
+/// each member in a unit with that partition.
+GroupOwnership ShardOwnership(const UnitPartition& partition, int group_size);
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_

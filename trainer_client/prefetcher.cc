@@ -1,0 +1,48 @@
+#include "trainer_client/prefetcher.h"
+
+#include <algorithm>
+
+namespace pshard {
+
+std::vector<int> MemberShards(int num_shards, int size, int member) {
+  std::vector<int> shards;
+  for (int s = member; s < num_shards; s += size) shards.push_back(s);
+  return shards;
+}
+
+Prefetcher::Prefetcher(ShardClient* client, GroupCollective* group, std::vector<int> schedule, int64_t version,
+                       int depth, TransferLog* log)
+    : client_(client), group_(group), schedule_(std::move(schedule)), version_(version), depth_(depth),
+      log_(log), transfers_(schedule_.size()) {
+  if (group_ != nullptr) my_shards_ = MemberShards(client->job().num_shards, group_->size(), group_->rank());
+}
+
+Prefetcher::~Prefetcher() {
+  for (auto& t : transfers_) {
+    if (t) t->Wait().IgnoreError();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
+  // Issuing fetches is communication work done on this thread: exposed.
+  const absl::Time wait_start = absl::Now();
+  const size_t last = std::min(schedule_.size() - 1, i + static_cast<size_t>(depth_));
+  for (; started_ <= last; ++started_) {
+    transfers_[started_] = client_->StartFetch(schedule_[started_], version_, my_shards_);
+  }
+  std::shared_ptr<UnitTransfer> t = std::move(transfers_[i]);
+  absl::Status s = t->Wait();
+  log_->busy.Add(t->started(), t->finished());
+  log_->fetch_latencies.push_back(t->finished() - t->started());
+  log_->bytes_fetched += t->wire_bytes();
+  if (s.ok() && group_ != nullptr) {
+    const absl::Time gather_start = absl::Now();
+    s = group_->AllGather(t->values(), ShardOwnership(client_->layout().partitions[schedule_[i]], group_->size()));
+    log_->busy.Add(gather_start, absl::Now());
+  }
+  log_->exposed += absl::Now() - wait_start;
+  if (!s.ok()) return s;
+  return t;
+}
+
+}  // namespace pshard
