@@ -35,7 +35,11 @@ ABSL_FLAG(double, beta2, 0.95, "AdamW beta2");
 ABSL_FLAG(double, eps, 1e-8, "AdamW epsilon");
 ABSL_FLAG(double, weight_decay, 0.1, "decoupled weight decay (matrices only)");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
-ABSL_FLAG(bool, deterministic, true, "sum contributions in trainer-rank order");
+ABSL_FLAG(bool, deterministic, true, "sum contributions in the canonical tree order (bit-reproducible)");
+ABSL_FLAG(int, micro_batches, 1, "micro-batches per trainer per step (gradient accumulation)");
+ABSL_FLAG(bool, accumulate_on_trainer, false,
+          "trainers sum their micro-batches and push once per step (lean traffic) instead of pushing each "
+          "(lean memory)");
 ABSL_FLAG(int64_t, slice_alignment, 64, "slice alignment in elements");
 ABSL_FLAG(absl::Duration, fetch_wait_limit, absl::Seconds(120), "longest a fetch waits for a version");
 ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
@@ -68,6 +72,8 @@ int main(int argc, char** argv) {
   spec.job.num_trainers = absl::GetFlag(FLAGS_num_trainers);
   spec.job.slice_alignment = absl::GetFlag(FLAGS_slice_alignment);
   spec.job.deterministic = absl::GetFlag(FLAGS_deterministic);
+  spec.job.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  spec.job.accumulate_on_trainer = absl::GetFlag(FLAGS_accumulate_on_trainer);
   spec.shard_index = absl::GetFlag(FLAGS_shard_index);
   spec.address = absl::GetFlag(FLAGS_address);
   spec.coordinator_address = absl::GetFlag(FLAGS_coordinator);
