@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
     return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
                                                    " exceeds the model context ", client->job().model.context));
   }
-  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(client->layout().spec, options.batch, options.seq_len));
+  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(client->layout().spec, options.batch, options.seq_len,
+                                                              options.recompute_blocks));
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
 }
 

@@ -23,6 +23,10 @@ struct TrainerOptions {
   int seq_len = 64;         ///< tokens per sequence (<= model context)
   int prefetch_depth = 1;   ///< units fetched ahead of the one computing
   uint64_t data_seed = 1;   ///< data order is a function of (seed, step, rank, micro-batch)
+  /// Keep only each block's input between forward and backward and
+  /// recompute its internals in backward (CpuGpt's recompute_blocks):
+  /// less activation memory for about one more forward of the blocks.
+  bool recompute_blocks = false;
   /// The fabric group this trainer belongs to (not owned; null: none). Its
   /// members are consecutive ranks starting at rank - group->rank().
   GroupCollective* group = nullptr;

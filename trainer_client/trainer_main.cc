@@ -29,6 +29,9 @@ ABSL_FLAG(int64_t, steps, 100, "train until this step (exclusive)");
 ABSL_FLAG(int, batch, 8, "sequences per micro-batch");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence (<= model context)");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing (0: none)");
+ABSL_FLAG(bool, recompute, false,
+          "keep only each block's input between forward and backward and recompute the block in backward "
+          "(less activation memory, about one more forward of the blocks)");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
 ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
@@ -124,6 +127,7 @@ int Run() {
   topts.seq_len = absl::GetFlag(FLAGS_seq_len);
   topts.prefetch_depth = absl::GetFlag(FLAGS_prefetch);
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
+  topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
   if (!trainer.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", trainer.status().ToString().c_str());
@@ -136,11 +140,12 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
-                "prefetch %d; links %s; %.1f MiB of activations per trainer\n",
+                "prefetch %d; links %s; %.1f MiB of activations per trainer%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
                 std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth, copts.link.ToString().c_str(),
-                (*trainer)->model().ActivationBytes() / 1048576.0);
+                (*trainer)->model().ActivationBytes() / 1048576.0,
+                topts.recompute_blocks ? " (blocks recomputed in backward)" : "");
     std::fflush(stdout);
   }
 

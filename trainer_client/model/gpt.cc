@@ -41,7 +41,8 @@ void Zero(std::vector<T>& v) {
 }  // namespace
 
 template <typename T>
-absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, int seq_len) {
+absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, int seq_len,
+                                            bool recompute_blocks) {
   const GptConfig& cfg = spec.config;
   RETURN_IF_ERROR(cfg.Validate());
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
@@ -61,6 +62,7 @@ absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, in
   model.spec_ = spec;
   model.batch_ = batch;
   model.seq_len_ = seq_len;
+  model.recompute_ = recompute_blocks;
 
   const UnitSpec& embed = spec.units.front();
   ASSIGN_OR_RETURN(model.embed_.wte, TensorOffset(embed, "wte", v * c));
@@ -94,7 +96,7 @@ absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, in
   model.tokens_.assign(n, 0);
   model.targets_.assign(n, 0);
   model.residuals_.assign(layers + 1, std::vector<T>(n * c));
-  model.blocks_.resize(layers);
+  model.blocks_.resize(recompute_blocks ? std::min(layers, 1) : layers);
   for (BlockActivations& a : model.blocks_) {
     a.ln1.assign(n * c, 0);
     a.ln1_mean.assign(n, 0);
@@ -145,6 +147,7 @@ absl::Status CpuGpt<T>::SetBatch(std::span<const int32_t> tokens,
   // Saved activations belong to the previous batch: a new forward must come first.
   next_forward_ = 0;
   next_backward_ = -1;
+  scratch_layer_ = -1;
   return absl::OkStatus();
 }
 
@@ -200,11 +203,23 @@ void CpuGpt<T>::EmbedForward(const T* w) {
 template <typename T>
 void CpuGpt<T>::BlockForward(int layer, const T* w) {
   const BlockLayout& p = block_layouts_[layer];
-  BlockActivations& a = blocks_[layer];
+  BlockActivations& a = Internals(layer);
+  BlockInternalsForward(layer, w, a);
+  scratch_layer_ = layer;
+  // out = residual2 + proj(gelu(fc(ln2(residual2)))).
+  const int n = rows();
+  const int c = spec_.config.d_model;
+  T* out = residuals_[layer + 1].data();
+  LinearForward(out, a.fch_gelu.data(), w + p.mlp_proj_w, w + p.mlp_proj_b, n, 4 * c, c);
+  ResidualForward(out, out, a.residual2.data(), int64_t{n} * c);
+}
+
+template <typename T>
+void CpuGpt<T>::BlockInternalsForward(int layer, const T* w, BlockActivations& a) {
+  const BlockLayout& p = block_layouts_[layer];
   const int n = rows();
   const int c = spec_.config.d_model;
   const T* in = residuals_[layer].data();
-  T* out = residuals_[layer + 1].data();
   // Attention branch: residual2 = in + proj(attention(qkv(ln1(in)))).
   LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, w + p.ln1_w, w + p.ln1_b,
                    n, c);
@@ -213,13 +228,11 @@ void CpuGpt<T>::BlockForward(int layer, const T* w) {
                    spec_.config.num_heads);
   LinearForward(a.residual2.data(), a.atty.data(), w + p.attn_proj_w, w + p.attn_proj_b, n, c, c);
   ResidualForward(a.residual2.data(), a.residual2.data(), in, int64_t{n} * c);
-  // MLP branch: out = residual2 + proj(gelu(fc(ln2(residual2)))).
+  // MLP branch up to its hidden activation: gelu(fc(ln2(residual2))).
   LayerNormForward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.residual2.data(),
                    w + p.ln2_w, w + p.ln2_b, n, c);
   LinearForward(a.fch.data(), a.ln2.data(), w + p.fc_w, w + p.fc_b, n, c, 4 * c);
   GeluForward(a.fch_gelu.data(), a.fch.data(), int64_t{n} * 4 * c);
-  LinearForward(out, a.fch_gelu.data(), w + p.mlp_proj_w, w + p.mlp_proj_b, n, 4 * c, c);
-  ResidualForward(out, out, a.residual2.data(), int64_t{n} * c);
 }
 
 template <typename T>
@@ -259,7 +272,11 @@ void CpuGpt<T>::HeadBackward(const T* w, T* dw) {
 template <typename T>
 void CpuGpt<T>::BlockBackward(int layer, const T* w, T* dw) {
   const BlockLayout& p = block_layouts_[layer];
-  const BlockActivations& a = blocks_[layer];
+  BlockActivations& a = Internals(layer);
+  if (recompute_ && scratch_layer_ != layer) {
+    BlockInternalsForward(layer, w, a);
+    scratch_layer_ = layer;
+  }
   const int n = rows();
   const int c = spec_.config.d_model;
   T* dres = dresidual_.data();
@@ -325,6 +342,18 @@ double CpuGpt<T>::FlopsPerMicroBatch() const {
   const double attention =
       12.0 * cfg.num_layers * batch_ * static_cast<double>(seq_len_) * seq_len_ * c;
   return 6.0 * matmul_weights * tokens + attention;
+}
+
+template <typename T>
+double CpuGpt<T>::RecomputeFlopsPerMicroBatch() const {
+  if (!recompute_) return 0.0;
+  const GptConfig& cfg = spec_.config;
+  const double c = cfg.d_model;
+  // The last block's backward finds its internals still in the scratch.
+  const int recomputed = cfg.num_layers - 1;
+  const double linears = 2.0 * 8.0 * c * c * rows();  // qkv 3C^2, attention projection C^2, fc 4C^2
+  const double attention = 4.0 * batch_ * static_cast<double>(seq_len_) * seq_len_ * c;
+  return recomputed * (linears + attention);
 }
 
 template <typename T>

@@ -34,6 +34,17 @@ absl::StatusOr<T> LossAndGradients(CpuGpt<T>& model,
 /// unit. The model owns only activations (and gradient scratch), never
 /// weights. T is float (training) or double (gradient checks).
 ///
+/// Activation recomputation (`recompute_blocks` in Create): a block's
+/// forward then keeps only the block's input (the residual stream entering
+/// it), and its backward first recomputes the block's internals (LayerNorm
+/// outputs and statistics, qkv, attention probabilities, MLP activations)
+/// from that input and the weights it is given, into one scratch set shared
+/// by all blocks. The last block's internals are still in the scratch when
+/// its backward runs, so L-1 of L blocks are recomputed. Losses and
+/// gradients are bit-identical with and without recomputation (the same ops
+/// run in the same order on the same values); what changes is
+/// ActivationBytes() and the FLOPs run (RecomputeFlopsPerMicroBatch()).
+///
 /// Results are deterministic: the same batch and weights give bit-identical
 /// losses and gradients on every call. Single-threaded apart from whatever
 /// threads BLAS uses; not thread-safe (one caller at a time). Misuse that
@@ -43,9 +54,11 @@ template <typename T>
 class CpuGpt {
  public:
   /// Allocates activations for micro-batches of `batch` sequences of
-  /// `seq_len` (<= context) tokens. InvalidArgument on bad sizes or a spec
+  /// `seq_len` (<= context) tokens; with `recompute_blocks`, internals for
+  /// one block only (see above). InvalidArgument on bad sizes or a spec
   /// whose units do not follow the GPT layout of MakeGptSpec.
-  static absl::StatusOr<CpuGpt> Create(const ModelSpec& spec, int batch, int seq_len);
+  static absl::StatusOr<CpuGpt> Create(const ModelSpec& spec, int batch, int seq_len,
+                                       bool recompute_blocks = false);
 
   /// Sets the micro-batch: tokens and next-token targets, each batch*seq_len
   /// ints in [0, vocab). Returns InvalidArgument on bad sizes/ids. The
@@ -60,24 +73,36 @@ class CpuGpt {
   void ForwardUnit(int unit, std::span<const T> weights);
 
   /// Backward of `unit` (called for K-1..0 after a full forward), with the
-  /// same weights; writes the gradient of the mean loss wrt the unit's flat
-  /// weights into `grads` (numel elements; overwritten, not accumulated;
-  /// padding untouched).
+  /// same weights (a recomputed block's forward runs again on them); writes
+  /// the gradient of the mean loss wrt the unit's flat weights into `grads`
+  /// (numel elements; overwritten, not accumulated; padding untouched).
   void BackwardUnit(int unit, std::span<const T> weights, std::span<T> grads);
 
   /// Mean cross-entropy of the last forward, in nats.
   T loss() const { return loss_; }
 
-  /// Bytes held by saved activations, gradient scratch and the batch.
+  /// Bytes held by saved activations, gradient scratch and the batch: all
+  /// allocated by Create, so known before any forward.
   int64_t ActivationBytes() const;
 
   int num_units() const { return static_cast<int>(spec_.units.size()); }
+  bool recompute_blocks() const { return recompute_; }
 
-  /// FLOPs of one forward+backward of a micro-batch (for MFU/tok/s
+  /// Model FLOPs of one forward+backward of a micro-batch (for MFU/tok/s
   /// reporting): 6 * (matmul weights: block linears and the LM head) *
   /// tokens, plus 12 * layers * batch * seq_len^2 * d_model for the attention
   /// score and value products (counted over the full T x T square, as run).
+  /// The same with or without recomputation: MFU conventionally counts the
+  /// FLOPs the model needs, not the ones a memory-saving schedule adds.
   double FlopsPerMicroBatch() const;
+
+  /// FLOPs that recomputation adds to one forward+backward (0 when off), so
+  /// that FlopsPerMicroBatch() + this is what actually runs (hardware
+  /// FLOPs). Per recomputed block: 2 * tokens * 8 * d_model^2 for the qkv,
+  /// attention projection and MLP fc linears (the MLP's output projection
+  /// is not needed by backward, so it is not rerun), plus
+  /// 4 * batch * seq_len^2 * d_model for the attention products.
+  double RecomputeFlopsPerMicroBatch() const;
 
  private:
   // Offsets of each tensor inside its unit's flat vector.
@@ -91,7 +116,8 @@ class CpuGpt {
   struct HeadLayout {
     int64_t lnf_w, lnf_b, lm_head_w;
   };
-  // What one block's forward saves for its backward.
+  // What one block's backward reads: saved by its forward, or, with
+  // recomputation, rebuilt in the one set shared by all blocks.
   struct BlockActivations {
     std::vector<T> ln1, ln1_mean, ln1_rstd;  // [N,C], [N], [N]
     std::vector<T> qkv;                      // [N,3C]
@@ -106,12 +132,17 @@ class CpuGpt {
 
   void EmbedForward(const T* w);
   void BlockForward(int layer, const T* w);
+  // The block's forward up to everything its backward reads, into `a`
+  // (all of BlockForward but the MLP output projection and residual).
+  void BlockInternalsForward(int layer, const T* w, BlockActivations& a);
   void HeadForward(const T* w);
   void EmbedBackward(T* dw);
   void BlockBackward(int layer, const T* w, T* dw);
   void HeadBackward(const T* w, T* dw);
 
   int rows() const { return batch_ * seq_len_; }
+  // Where block `layer`'s internals live: its own set, or the shared scratch.
+  BlockActivations& Internals(int layer) { return blocks_[recompute_ ? 0 : layer]; }
 
   ModelSpec spec_;
   int batch_ = 0;
@@ -124,7 +155,10 @@ class CpuGpt {
   std::vector<int32_t> targets_;  // [B,T]
   // residuals_[l] is the input of block l; residuals_[L] is the head's input.
   std::vector<std::vector<T>> residuals_;
+  // One set per block, or a single scratch set when recompute_ is on.
   std::vector<BlockActivations> blocks_;
+  bool recompute_ = false;
+  int scratch_layer_ = -1;  // with recompute_: the block whose internals blocks_[0] holds
   std::vector<T> lnf_, lnf_mean_, lnf_rstd_;  // [N,C], [N], [N]
   std::vector<T> probs_;                      // [N,V] softmax of the logits
   T loss_ = 0;

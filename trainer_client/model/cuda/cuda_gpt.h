@@ -1,0 +1,217 @@
+// The GPT model on one CUDA device, unit by unit like CpuGpt
+// (trainer_client/model/gpt.h): the trainer hands each unit's bf16 weights
+// to the device just before the unit runs and takes its fp32 gradient right
+// after. The unit and tensor layout is common/model_spec.h's.
+//
+// Numerics: weights and activations are bf16; matrix products accumulate in
+// fp32 (cuBLAS, CUBLAS_COMPUTE_32F); LayerNorm, softmax and cross-entropy
+// statistics are fp32; weight gradients are computed and returned in fp32.
+#ifndef PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_GPT_H_
+#define PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_GPT_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_spec.h"
+
+struct cublasContext;  // cublasHandle_t, without including cuBLAS here
+
+namespace pshard {
+
+/// Forward and backward of a GPT on micro-batches of fixed shape on one CUDA
+/// device. The model owns activations, gradient scratch and a cuBLAS handle,
+/// never weights.
+///
+/// Streams: every call enqueues its work on the caller's `stream` and
+/// returns without waiting for it (except SetBatch and Loss, which say so).
+/// Calls may use different streams: each one first waits (on the device) for
+/// the work of the previous call, so the model's own work always runs in call
+/// order. The caller keeps `weights` valid and unchanged, and reads `grads`
+/// only, after that call's work on `stream` is done (e.g. record an event).
+///
+/// Determinism: the same batch and weights give bit-identical losses and
+/// gradients on every run on the same GPU model and CUDA version (fixed-order
+/// reductions, no atomics, cuBLAS with a fixed workspace).
+///
+/// Not thread-safe: one caller at a time. Each call makes `device` current on
+/// the calling thread.
+class CudaGpt {
+ public:
+  /// Allocates everything on `device` for micro-batches of `batch` sequences
+  /// of `seq_len` (<= context) tokens. InvalidArgument on bad sizes or a
+  /// spec that does not follow MakeGptSpec's layout; FailedPrecondition when
+  /// the device is not usable; ResourceExhausted when it is too small.
+  static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec, int batch,
+                                                         int seq_len, int device = 0);
+  ~CudaGpt();
+  CudaGpt(const CudaGpt&) = delete;
+  CudaGpt& operator=(const CudaGpt&) = delete;
+
+  /// Sets the micro-batch: tokens and next-token targets, batch*seq_len ints
+  /// each in [0, vocab), in host memory. InvalidArgument on bad sizes or ids.
+  /// Blocks until the model's earlier work is done (it may read the previous
+  /// batch) and the new batch is on the device. A full forward must run
+  /// before the next BackwardUnit.
+  absl::Status SetBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+
+  /// Runs unit `unit`'s forward with `weights`: a device pointer to the
+  /// unit's flat bf16 weights (spec.units[unit].numel elements; padding
+  /// after them allowed and ignored). Units run 0..K-1 in order (unit 0
+  /// starts a new pass); the last one also computes the loss and the
+  /// gradient of the logits. FailedPrecondition when out of order.
+  absl::Status ForwardUnit(int unit, const __nv_bfloat16* weights, cudaStream_t stream);
+
+  /// Backward of `unit` (K-1..0 after a full forward) with the same weights;
+  /// writes the fp32 gradient of the mean loss wrt the unit's flat weights
+  /// to the device pointer `grads` (numel elements, overwritten; padding
+  /// untouched). FailedPrecondition when out of order.
+  absl::Status BackwardUnit(int unit, const __nv_bfloat16* weights, float* grads,
+                            cudaStream_t stream);
+
+  /// Mean cross-entropy of the last forward, in nats (per-row losses summed
+  /// in double on the host, in row order). Blocks until it is computed.
+  /// FailedPrecondition before a full forward.
+  absl::StatusOr<float> Loss(cudaStream_t stream);
+
+  /// Device bytes held: activations, gradient scratch, the batch and the
+  /// cuBLAS workspace.
+  int64_t ActivationBytes() const { return arena_bytes_; }
+
+  /// FLOPs of one forward+backward of a micro-batch, counted exactly as
+  /// CpuGpt::FlopsPerMicroBatch does.
+  double FlopsPerMicroBatch() const;
+
+  int num_units() const { return static_cast<int>(spec_.units.size()); }
+
+ private:
+  using bf16 = __nv_bfloat16;
+
+  // Offsets of each tensor inside its unit's flat vector.
+  struct EmbedLayout {
+    int64_t wte, wpe;
+  };
+  struct BlockLayout {
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b;
+    int64_t ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
+  };
+  struct HeadLayout {
+    int64_t lnf_w, lnf_b, lm_head_w;
+  };
+  // What one block's forward saves for its backward (device pointers).
+  struct BlockActivations {
+    bf16* ln1;                   // [N,C]
+    float *ln1_mean, *ln1_rstd;  // [N]
+    bf16* qkv;                   // [N,3C]
+    bf16* att;                   // [B,H,T,T] softmax probabilities
+    bf16* atty;                  // [N,C] attention output, heads concatenated
+    bf16* residual2;             // [N,C] block input + attention branch
+    bf16* ln2;                   // [N,C]
+    float *ln2_mean, *ln2_rstd;  // [N]
+    bf16* fch;                   // [N,4C]
+    bf16* fch_gelu;              // [N,4C]
+  };
+  class Carver;
+
+  CudaGpt() = default;
+
+  absl::Status CheckLayout();
+  // Assigns every device pointer below from `carver` (sizes only when it
+  // measures).
+  void CarveBuffers(Carver& carver);
+  absl::Status BuildBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
+
+  // Every enqueuing call starts with BeginCall (device, wait for the previous
+  // call's work, cuBLAS on `stream`) and ends with EndCall (records that).
+  absl::Status BeginCall(cudaStream_t stream);
+  absl::Status EndCall(cudaStream_t stream);
+
+  absl::Status EmbedForward(const bf16* w, cudaStream_t stream);
+  absl::Status BlockForward(int layer, const bf16* w, cudaStream_t stream);
+  absl::Status HeadForward(const bf16* w, cudaStream_t stream);
+  absl::Status EmbedBackward(float* dw, cudaStream_t stream);
+  absl::Status BlockBackward(int layer, const bf16* w, float* dw, cudaStream_t stream);
+  absl::Status HeadBackward(const bf16* w, float* dw, cudaStream_t stream);
+
+  // Linear layers and attention: cuBLAS products around the kernels.
+  absl::Status LinearForward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias,
+                             int in_features, int out_features, cudaStream_t stream);
+  absl::Status LinearBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
+                              const bf16* inp, const bf16* weight, int in_features,
+                              int out_features, cudaStream_t stream);
+  absl::Status AttentionForward(bf16* out, bf16* att, const bf16* qkv, cudaStream_t stream);
+  absl::Status AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* att,
+                                 cudaStream_t stream);
+
+  int rows() const { return batch_ * seq_len_; }
+
+  ModelSpec spec_;
+  int batch_ = 0;
+  int seq_len_ = 0;
+  int device_ = 0;
+  EmbedLayout embed_{};
+  std::vector<BlockLayout> block_layouts_;
+  HeadLayout head_{};
+
+  cublasContext* blas_ = nullptr;
+  cudaStream_t upload_stream_ = nullptr;  // SetBatch's copies
+  cudaEvent_t done_ = nullptr;            // recorded after each call's work
+
+  // One allocation holds every device buffer below.
+  void* arena_ = nullptr;
+  int64_t arena_bytes_ = 0;
+
+  // The batch, uploaded as one block of ints: tokens, targets and the
+  // token-grouped positions for the deterministic wte backward.
+  int32_t* batch_ints_ = nullptr;
+  int32_t* tokens_ = nullptr;        // [B,T]
+  int32_t* targets_ = nullptr;       // [B,T]
+  int32_t* row_tokens_ = nullptr;    // [<= N] distinct tokens, ascending
+  int32_t* row_begin_ = nullptr;     // [<= N + 1]
+  int32_t* row_position_ = nullptr;  // [N]
+  int distinct_tokens_ = 0;
+
+  // residuals_[l] is the input of block l; residuals_[L] is the head's input.
+  std::vector<bf16*> residuals_;
+  std::vector<BlockActivations> blocks_;
+  bf16* lnf_ = nullptr;  // [N,C]
+  float* lnf_mean_ = nullptr;
+  float* lnf_rstd_ = nullptr;
+  bf16* logits_ = nullptr;   // [N,V]; after the head's forward, d loss / d logits
+  float* losses_ = nullptr;  // [N] per-row cross-entropy
+
+  // Scratch reused by every layer.
+  float* scores_ = nullptr;   // [B,H,T,T] attention scores (forward), d att (backward)
+  bf16* dscores_ = nullptr;   // [B,H,T,T]
+  bf16* dresidual_ = nullptr;  // [N,C] gradient wrt the current unit's output
+  bf16* dln_ = nullptr;        // [N,C]
+  bf16* datty_ = nullptr;      // [N,C]
+  bf16* dqkv_ = nullptr;       // [N,3C]
+  bf16* dfch_gelu_ = nullptr;  // [N,4C]
+  bf16* dfch_ = nullptr;       // [N,4C]
+  void* blas_workspace_ = nullptr;
+  int64_t blas_workspace_bytes_ = 0;
+
+  // Host staging.
+  std::vector<int32_t> host_batch_;
+  std::vector<float> host_losses_;
+
+  int next_forward_ = 0;    // unit the next ForwardUnit must run (0 restarts)
+  int next_backward_ = -1;  // unit the next BackwardUnit must run; -1: none
+  bool batch_set_ = false;
+  bool loss_ready_ = false;
+};
+
+/// Whether a CUDA device is usable here: false on machines without a GPU or
+/// driver, never an error.
+bool CudaDeviceAvailable();
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_GPT_H_
