@@ -27,6 +27,7 @@ ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
+ABSL_FLAG(bool, recompute, false, "trainers recompute each block in backward instead of keeping its activations");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding: fp32 or bf16");
 ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
@@ -38,6 +39,8 @@ ABSL_FLAG(double, min_lr, 2e-4, "final learning rate");
 ABSL_FLAG(int64_t, warmup_steps, 20, "warm-up steps");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
+ABSL_FLAG(int, micro_batches, 1, "micro-batches per trainer per step (gradient accumulation)");
+ABSL_FLAG(bool, accumulate_on_trainer, false, "trainers push once per step instead of per micro-batch");
 ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
 ABSL_FLAG(int, metrics_port_base, 9400,
@@ -89,12 +92,15 @@ int RunLocal() {
       absl::StrCat("--total_steps=", steps),
       absl::StrCat("--grad_clip=", absl::GetFlag(FLAGS_grad_clip)),
       absl::StrCat("--weight_decay=", absl::GetFlag(FLAGS_weight_decay)),
+      absl::StrCat("--micro_batches=", absl::GetFlag(FLAGS_micro_batches)),
+      absl::StrCat("--accumulate_on_trainer=", absl::GetFlag(FLAGS_accumulate_on_trainer) ? "true" : "false"),
   };
   spec.trainer_flags = {
       absl::StrCat("--steps=", steps),
       absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
       absl::StrCat("--seq_len=", absl::GetFlag(FLAGS_seq_len)),
       absl::StrCat("--prefetch=", absl::GetFlag(FLAGS_prefetch)),
+      absl::StrCat("--recompute=", absl::GetFlag(FLAGS_recompute) ? "true" : "false"),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
