@@ -187,8 +187,8 @@ class CudaGpt {
   float* losses_ = nullptr;  // [N] per-row cross-entropy
 
   // Scratch reused by every layer.
-  float* scores_ = nullptr;   // [B,H,T,T] attention scores (forward), d att (backward)
-  bf16* dscores_ = nullptr;   // [B,H,T,T]
+  float* scores_ = nullptr;    // [B,H,T,T] attention scores (forward), d att (backward)
+  bf16* dscores_ = nullptr;    // [B,H,T,T]
   bf16* dresidual_ = nullptr;  // [N,C] gradient wrt the current unit's output
   bf16* dln_ = nullptr;        // [N,C]
   bf16* datty_ = nullptr;      // [N,C]

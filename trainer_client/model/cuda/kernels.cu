@@ -7,11 +7,11 @@ namespace pshard::internal {
 namespace {
 
 constexpr int kWarpSize = 32;
-constexpr int kThreads = 256;                            // element-wise and per-row kernels
-constexpr int kRowsPerBlock = kThreads / kWarpSize;      // warp-per-row kernels
-constexpr int kColumnTile = 32;                          // columns per column-sum block
-constexpr int kColumnSumRows = 16;                       // row lanes per column-sum block
-constexpr int64_t kMaxElementwiseBlocks = 65536;         // grid-stride beyond this
+constexpr int kThreads = 256;                        // element-wise and per-row kernels
+constexpr int kRowsPerBlock = kThreads / kWarpSize;  // warp-per-row kernels
+constexpr int kColumnTile = 32;                      // columns per column-sum block
+constexpr int kColumnSumRows = 16;                   // row lanes per column-sum block
+constexpr int64_t kMaxElementwiseBlocks = 65536;     // grid-stride beyond this
 constexpr float kLayerNormEps = 1e-5f;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
@@ -116,9 +116,9 @@ dim3 ColumnSumGrid(int cols) { return dim3((cols + kColumnTile - 1) / kColumnTil
 dim3 ColumnSumBlock() { return dim3(kColumnTile, kColumnSumRows); }
 
 // Grid-stride loop over [0, count).
-#define PSHARD_FOR_EACH_ELEMENT(i, count)                                            \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (count); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+#define PSHARD_FOR_EACH_ELEMENT(i, count)                                                    \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // The warp-per-row kernels: this warp's row and lane. The row is the same for
 // the whole warp, so a warp past the end returns as a whole and the full-mask
@@ -228,8 +228,8 @@ __global__ void LayerNormBackwardInputKernel(bf16* dinp, const bf16* dout, const
 }
 
 __global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, const bf16* dout,
-                                              const bf16* inp, const float* mean,
-                                              const float* rstd, int rows, int channels) {
+                                              const bf16* inp, const float* mean, const float* rstd,
+                                              int rows, int channels) {
   ColumnSums(
       dweight, dbias,
       [=](int n, int c) {
@@ -243,8 +243,7 @@ __global__ void LayerNormBackwardParamsKernel(float* dweight, float* dbias, cons
 
 // ---------------------------------------------------------------- bias
 
-__global__ void BroadcastBiasKernel(bf16* out, const bf16* bias, int out_features,
-                                    int64_t count) {
+__global__ void BroadcastBiasKernel(bf16* out, const bf16* bias, int out_features, int64_t count) {
   PSHARD_FOR_EACH_ELEMENT(i, count) { out[i] = bias[i % out_features]; }
 }
 
