@@ -87,44 +87,6 @@ inline bool PortIsFree(int port) {
   return free;
 }
 
-struct HttpResponse {
-  int status = 0;
-  std::string body;
-};
-
-// GET http://127.0.0.1:`port``path` (HTTP/1.0: the body runs to the end of
-// the connection, never chunked).
-inline absl::StatusOr<HttpResponse> HttpGet(int port, const std::string& path, int timeout_s = 10) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket failed");
-  timeval timeout{timeout_s, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot connect to 127.0.0.1:", port));
-  }
-  const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1:", port, "\r\n\r\n");
-  std::string response;
-  bool sent = send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size());
-  char buffer[16384];
-  ssize_t n = 0;
-  while (sent && (n = recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, static_cast<size_t>(n));
-  close(fd);
-  if (!sent || n < 0) return absl::UnavailableError(absl::StrCat("GET ", path, " on port ", port, " failed"));
-  const size_t header_end = response.find("\r\n\r\n");
-  HttpResponse r;
-  if (header_end == std::string::npos || sscanf(response.c_str(), "HTTP/%*d.%*d %d", &r.status) != 1) {
-    return absl::DataLossError(absl::StrCat("malformed HTTP response: ", response.substr(0, 200)));
-  }
-  r.body = response.substr(header_end + 4);
-  return r;
-}
-
 // Percent-encodes everything but RFC 3986 unreserved characters.
 inline std::string UrlEncode(const std::string& text) {
   std::string out;
