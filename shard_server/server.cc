@@ -1,5 +1,7 @@
 #include "shard_server/server.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
@@ -9,7 +11,12 @@
 #include "common/metrics/metrics_server.h"
 #include "shard_server/norm_coordinator.h"
 #include "shard_server/service.h"
+#include "shard_server/session_tokens.h"
 #include "shard_server/step_driver.h"
+#include "pshard/config.h"
+#if PSHARD_WITH_UCX
+#include "shard_server/ucx_service.h"
+#endif
 
 namespace pshard {
 
@@ -18,6 +25,10 @@ struct ShardServer::Impl {
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   std::unique_ptr<NormCoordinator> coordinator;  // shard 0 only
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub;  // other shards
+  SessionTokens tokens;
+#if PSHARD_WITH_UCX
+  std::unique_ptr<UcxService> ucx;
+#endif
   std::unique_ptr<ShardServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<StepDriver> driver;
@@ -77,8 +88,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
+  std::vector<std::string> transports = {"grpc"};
+  if (PSHARD_WITH_UCX && spec.enable_ucx) transports.push_back("ucx");
   impl.metrics = std::make_unique<ServerMetrics>(server->registry_, spec.shard_index, spec.job.num_trainers,
-                                                 server->state_->num_units(), "grpc");
+                                                 server->state_->num_units(), transports);
   const ShardState::Counters counters = server->state_->counters();
   impl.metrics->state_master_bytes.Set(static_cast<double>(counters.master_bytes));
   impl.metrics->state_m_bytes.Set(static_cast<double>(counters.moment_bytes));
@@ -95,6 +108,22 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.fetch_wait_limit = spec.fetch_wait_limit;
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
+  options.tokens = &impl.tokens;
+#if PSHARD_WITH_UCX
+  if (spec.enable_ucx) {
+    UcxService::Options ucx_options;
+    ucx_options.fetch_wait_limit = spec.fetch_wait_limit;
+    absl::StatusOr<std::unique_ptr<UcxService>> ucx =
+        UcxService::Start(server->state_.get(), &impl.tokens, impl.metrics.get(), ucx_options);
+    if (ucx.ok()) {
+      impl.ucx = std::move(*ucx);
+      options.ucx_address = impl.ucx->address();
+    } else {
+      std::fprintf(stderr, "pshard-server: shard %d: UCX data path unavailable, serving gRPC only: %s\n",
+                   spec.shard_index, std::string(ucx.status().message()).c_str());
+    }
+  }
+#endif
   impl.service = std::make_unique<ShardServiceImpl>(server->state_.get(), impl.coordinator.get(),
                                                     impl.metrics.get(), options);
 
@@ -136,6 +165,13 @@ int ShardServer::metrics_port() const {
   return impl_ && impl_->metrics_server ? impl_->metrics_server->port() : 0;
 }
 
+std::string ShardServer::ucx_address() const {
+#if PSHARD_WITH_UCX
+  if (impl_ && impl_->ucx) return impl_->ucx->address();
+#endif
+  return "";
+}
+
 std::string ShardServer::address() const { return absl::StrCat(host_, ":", port_); }
 
 void ShardServer::Wait() { impl_->shutdown.WaitForNotification(); }
@@ -148,6 +184,9 @@ void ShardServer::Shutdown(absl::Duration grace) {
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     impl_->server->Wait();
   }
+#if PSHARD_WITH_UCX
+  impl_->ucx.reset();
+#endif
   if (!impl_->shutdown.HasBeenNotified()) impl_->shutdown.Notify();
 }
 

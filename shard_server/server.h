@@ -28,6 +28,9 @@ class ShardServer {
     int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk
     /// host:port of the Prometheus /metrics endpoint (port 0: any); empty: none.
     std::string metrics_address;
+    /// Serve fetches and pushes over UCX too (when this build has UCX); if
+    /// UCX fails to start, the server warns and serves gRPC only.
+    bool enable_ucx = true;
   };
 
   /// Builds the state, binds, and starts serving and stepping.
@@ -38,6 +41,8 @@ class ShardServer {
   std::string address() const;
   ShardState& state() { return *state_; }
   metrics::Registry& registry() { return registry_; }
+  /// The UCX worker address trainers are told at Join; empty without UCX.
+  std::string ucx_address() const;
   /// Port of the /metrics endpoint, 0 when there is none.
   int metrics_port() const;
   /// Blocks until Shutdown() is called from another thread.

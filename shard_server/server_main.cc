@@ -44,6 +44,8 @@ ABSL_FLAG(int64_t, slice_alignment, 64, "slice alignment in elements");
 ABSL_FLAG(absl::Duration, fetch_wait_limit, absl::Seconds(120), "longest a fetch waits for a version");
 ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
           "how long a step waits before reporting what it misses");
+ABSL_FLAG(bool, ucx, true,
+          "also serve fetches and pushes over UCX (when built with UCX); trainers choose per link");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
 
 int main(int argc, char** argv) {
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
   spec.address = absl::GetFlag(FLAGS_address);
   spec.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   spec.fetch_wait_limit = absl::GetFlag(FLAGS_fetch_wait_limit);
+  spec.enable_ucx = absl::GetFlag(FLAGS_ucx);
   spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   spec.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   spec.metrics_address = absl::GetFlag(FLAGS_metrics_address);

@@ -1,6 +1,7 @@
 #include "shard_server/server_metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "pshard/config.h"
 
 namespace pshard {
@@ -27,7 +28,7 @@ constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "
 }  // namespace
 
 ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, int num_units,
-                             const std::string& transport)
+                             const std::vector<std::string>& transports)
     : duplicate_pushes(r.AddCounter("pshard_server_duplicate_pushes_total",
                                     "Pushes acknowledged and ignored because the contribution was already in.")
                            .Add(Shard(shard))),
@@ -64,11 +65,14 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
                                       "state as ZeRO counts it.")
                                .Add(Shard(shard))) {
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
-  for (int t = -1; t < num_trainers; ++t) {
-    const std::string peer = t < 0 ? std::string("tool") : absl::StrCat(t);
-    const Labels base = With(With(Shard(shard), "rank", peer), "transport", transport);
-    bytes_out_.push_back(&out.Add(With(base, "direction", "fetch")));
-    bytes_in_.push_back(&out.Add(With(base, "direction", "push")));
+  for (const std::string& transport : transports) {
+    TransportBytes& bytes = bytes_.emplace_back(TransportBytes{transport, {}, {}});
+    for (int t = -1; t < num_trainers; ++t) {
+      const std::string peer = t < 0 ? std::string("tool") : absl::StrCat(t);
+      const Labels base = With(With(Shard(shard), "rank", peer), "transport", transport);
+      bytes.out.push_back(&out.Add(With(base, "direction", "fetch")));
+      bytes.in.push_back(&out.Add(With(base, "direction", "push")));
+    }
   }
   auto& rpc = r.AddHistogram("pshard_server_rpc_seconds", "Duration of RPCs handled, by method.",
                              metrics::Histogram::ExponentialBounds(0.0001, 2.0, 20));
@@ -78,18 +82,27 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
   auto& version = r.AddGauge("pshard_server_unit_version", "Published version of each unit on this shard.");
   for (int u = 0; u < num_units; ++u) unit_version.push_back(&version.Add(With(Shard(shard), "unit", absl::StrCat(u))));
   r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
-      .Add({{"version", PSHARD_VERSION}, {"role", "server"}, {"transport", transport}, {"device", "cpu"}})
+      .Add({{"version", PSHARD_VERSION}, {"role", "server"}, {"transport", absl::StrJoin(transports, ",")}, {"device", "cpu"}})
       .Set(1);
 }
 
-metrics::Counter& ServerMetrics::bytes_out(int trainer) {
-  const size_t i = static_cast<size_t>(trainer + 1);
-  return *bytes_out_[i < bytes_out_.size() ? i : 0];
+const ServerMetrics::TransportBytes& ServerMetrics::Bytes(std::string_view transport) const {
+  for (const TransportBytes& b : bytes_) {
+    if (b.transport == transport) return b;
+  }
+  return bytes_.front();
 }
 
-metrics::Counter& ServerMetrics::bytes_in(int trainer) {
+metrics::Counter& ServerMetrics::bytes_out(int trainer, std::string_view transport) {
+  const std::vector<metrics::Counter*>& out = Bytes(transport).out;
   const size_t i = static_cast<size_t>(trainer + 1);
-  return *bytes_in_[i < bytes_in_.size() ? i : 0];
+  return *out[i < out.size() ? i : 0];
+}
+
+metrics::Counter& ServerMetrics::bytes_in(int trainer, std::string_view transport) {
+  const std::vector<metrics::Counter*>& in = Bytes(transport).in;
+  const size_t i = static_cast<size_t>(trainer + 1);
+  return *in[i < in.size() ? i : 0];
 }
 
 void ServerMetrics::Reject(const absl::Status& status) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,12 +24,15 @@ inline constexpr int kNumRpcMethods = 6;
 /// Every metric a shard server exports, bound to its shard. Thread-safe.
 class ServerMetrics {
  public:
+  /// `transports`: the data paths this server serves ("grpc" first, then
+  /// e.g. "ucx"); each gets its own byte counters.
   ServerMetrics(metrics::Registry& registry, int shard, int num_trainers, int num_units,
-                const std::string& transport);
+                const std::vector<std::string>& transports);
 
-  /// Bytes a trainer fetched from / pushed to this shard (rank -1: tools).
-  metrics::Counter& bytes_out(int trainer);
-  metrics::Counter& bytes_in(int trainer);
+  /// Bytes a trainer fetched from / pushed to this shard (rank -1: tools)
+  /// over `transport` (one of those given at construction).
+  metrics::Counter& bytes_out(int trainer, std::string_view transport = "grpc");
+  metrics::Counter& bytes_in(int trainer, std::string_view transport = "grpc");
   metrics::Histogram& rpc_seconds(RpcMethod method) { return *rpc_seconds_[static_cast<int>(method)]; }
   /// Counts a refused request by the reason its status implies.
   void Reject(const absl::Status& status);
@@ -52,8 +56,13 @@ class ServerMetrics {
   std::vector<metrics::Gauge*> unit_version;
 
  private:
-  std::vector<metrics::Counter*> bytes_out_;  // index trainer + 1
-  std::vector<metrics::Counter*> bytes_in_;
+  struct TransportBytes {
+    std::string transport;
+    std::vector<metrics::Counter*> out;  // index trainer + 1
+    std::vector<metrics::Counter*> in;
+  };
+  const TransportBytes& Bytes(std::string_view transport) const;
+  std::vector<TransportBytes> bytes_;  // in the order given; the first is the default
   std::array<metrics::Histogram*, kNumRpcMethods> rpc_seconds_{};
   std::array<metrics::Counter*, kNumRejectReasons> rejected_{};
 };

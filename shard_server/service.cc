@@ -251,6 +251,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   response->set_current_step(state_->current_step());
   for (const UnitSpec& u : state_->layout().spec.units) response->add_unit_numels(u.numel);
   response->set_job_fingerprint(fingerprint_);
+  response->set_ucx_address(options_.ucx_address);
+  response->set_session_token(options_.tokens->Issue(rank));
   FinishUnary(reactor, RpcMethod::kJoin, start, absl::OkStatus());
   return reactor;
 }

@@ -11,6 +11,7 @@
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/norm_coordinator.h"
 #include "shard_server/server_metrics.h"
+#include "shard_server/session_tokens.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -23,6 +24,8 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
     absl::Duration norm_wait_limit = absl::Seconds(120);   ///< longest AgreeNorm waits (coordinator)
     int64_t fetch_chunk_bytes = 1 << 20;                   ///< bytes per streamed fetch chunk
     std::string metrics_address;                           ///< reported by GetStatus
+    std::string ucx_address;  ///< JoinResponse.ucx_address: the UCX worker's; empty: no UCX
+    SessionTokens* tokens = nullptr;  ///< issues JoinResponse.session_token; not owned, required
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);

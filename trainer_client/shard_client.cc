@@ -9,7 +9,15 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
+#include "pshard/config.h"
 #include "trainer_client/grpc_transport.h"
+#if PSHARD_WITH_UCX
+#include "trainer_client/ucx_transport.h"
+#else
+namespace pshard {
+class UcxContext {};  // never created in builds without UCX
+}  // namespace pshard
+#endif
 
 namespace pshard {
 
@@ -82,6 +90,8 @@ struct ShardClient::Shard {
   std::string address;
   std::unique_ptr<v1::ShardService::Stub> stub;  // control plane (and the gRPC data path)
   std::unique_ptr<Transport> transport;          // data plane
+  std::string ucx_address;                       // JoinResponse.ucx_address
+  uint64_t session_token = 0;                    // JoinResponse.session_token
 };
 
 namespace {
@@ -121,6 +131,17 @@ ShardClient::~ShardClient() = default;
 
 absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options options) {
   if (options.server_addresses.empty()) return absl::InvalidArgumentError("no shard server addresses given");
+  if (options.transport != "auto" && options.transport != "grpc" && options.transport != "ucx") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown transport \"", options.transport, "\"; expected auto, grpc or ucx"));
+  }
+  if (options.transport == "ucx" && !PSHARD_WITH_UCX) {
+    return absl::FailedPreconditionError(
+        "transport \"ucx\" was asked for but this build has no UCX (configure with -DPSHARD_WITH_UCX=ON)");
+  }
+  if (options.transport == "ucx" && options.link.enabled()) {
+    return absl::InvalidArgumentError("link emulation exists on the gRPC transport only; use transport grpc or auto");
+  }
   std::unique_ptr<ShardClient> client(new ShardClient(options));
   const int n = static_cast<int>(options.server_addresses.size());
   client->shards_.resize(n);
@@ -156,16 +177,10 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
     client->shards_[index] = std::make_unique<Shard>();
     client->shards_[index]->address = address;
     client->shards_[index]->stub = std::move(stub);
-    GrpcTransport::Spec transport;
-    transport.stub = client->shards_[index]->stub.get();
-    transport.shard = index;
-    transport.address = address;
-    transport.link = options.link;
-    transport.timer = &client->timer_;
-    transport.rpc_timeout = options.rpc_timeout;
-    transport.chunk_bytes = options.chunk_bytes;
-    client->shards_[index]->transport = std::make_unique<GrpcTransport>(transport);
+    client->shards_[index]->ucx_address = joined.ucx_address();
+    client->shards_[index]->session_token = joined.session_token();
   }
+  RETURN_IF_ERROR(client->CreateTransports());
   if (options.trainer_rank >= client->job_.num_trainers) {
     return absl::InvalidArgumentError(absl::StrCat("trainer rank ", options.trainer_rank,
                                                    " is outside [0, ", client->job_.num_trainers, ")"));
@@ -173,6 +188,64 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   ASSIGN_OR_RETURN(client->layout_, MakeJobLayout(client->job_));
   return client;
 }
+
+absl::Status ShardClient::CreateTransports() {
+  const bool strict = options_.transport == "ucx";
+#if PSHARD_WITH_UCX
+  bool any_ucx = false;
+  for (const auto& shard : shards_) any_ucx |= !shard->ucx_address.empty();
+  if (options_.transport != "grpc" && any_ucx && !options_.link.enabled()) {
+    absl::StatusOr<std::unique_ptr<UcxContext>> ucx = UcxContext::Create();
+    if (ucx.ok()) {
+      ucx_ = std::move(*ucx);
+    } else if (strict) {
+      return absl::Status(ucx.status().code(), absl::StrCat("transport ucx: ", ucx.status().message()));
+    } else {
+      std::fprintf(stderr, "pshard-trainer: warning: UCX cannot start here (%s); using gRPC for every link\n",
+                   std::string(ucx.status().message()).c_str());
+    }
+  }
+#endif
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    Shard& shard = *shards_[s];
+    if (strict && shard.ucx_address.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transport ucx: shard ", s, " (", shard.address,
+          ") offers no UCX address (built without UCX, started with --ucx=false, or its UCX failed)"));
+    }
+#if PSHARD_WITH_UCX
+    if (ucx_ != nullptr && !shard.ucx_address.empty()) {
+      UcxTransport::Spec spec;
+      spec.context = ucx_.get();
+      spec.shard = static_cast<int>(s);
+      spec.address = shard.address;
+      spec.ucx_address = shard.ucx_address;
+      spec.session_token = shard.session_token;
+      spec.rpc_timeout = options_.rpc_timeout;
+      absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(spec);
+      if (transport.ok()) {
+        shard.transport = std::move(*transport);
+        continue;
+      }
+      if (strict) return transport.status();
+      std::fprintf(stderr, "pshard-trainer: warning: %s; using gRPC for this link\n",
+                   std::string(transport.status().message()).c_str());
+    }
+#endif
+    GrpcTransport::Spec spec;
+    spec.stub = shard.stub.get();
+    spec.shard = static_cast<int>(s);
+    spec.address = shard.address;
+    spec.link = options_.link;
+    spec.timer = &timer_;
+    spec.rpc_timeout = options_.rpc_timeout;
+    spec.chunk_bytes = options_.chunk_bytes;
+    shard.transport = std::make_unique<GrpcTransport>(spec);
+  }
+  return absl::OkStatus();
+}
+
+std::string ShardClient::transport_name(int shard) const { return shards_[shard]->transport->name(); }
 
 namespace {
 

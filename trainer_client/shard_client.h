@@ -1,4 +1,5 @@
-// A trainer's connection to every shard server of a job over gRPC: join,
+// A trainer's connection to every shard server of a job: join over gRPC (the
+// control plane), then move data over each link's transport (gRPC or UCX):
 // fetch a whole unit (its N slices concurrently, into one buffer), push a
 // unit's gradient (its N slices concurrently, each to its owner).
 #ifndef PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_
@@ -20,6 +21,8 @@
 #include "trainer_client/link_emulator.h"
 
 namespace pshard {
+
+class UcxContext;  // trainer_client/ucx_transport.h, in builds with UCX
 
 /// Recycles unit-sized buffers so that fetching a unit does not allocate
 /// and page-fault a fresh buffer every time. Thread-safe.
@@ -79,6 +82,12 @@ class ShardClient {
     int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
     LinkSpec link;  ///< emulated link to every server (default: none)
     std::string metrics_address;  ///< this trainer's /metrics endpoint, told to the servers
+    /// Data path of each link: "grpc"; "ucx" (every server must offer UCX,
+    /// this build must have it, and UCX must start, or Connect fails); or
+    /// "auto": UCX to each server that offers it when this build has UCX and
+    /// the link is not emulated, gRPC otherwise. If UCX cannot start here,
+    /// "auto" warns once on stderr and uses gRPC for every link.
+    std::string transport = "auto";
   };
 
   /// Joins every server, checks that they run the same job and together
@@ -91,6 +100,8 @@ class ShardClient {
   /// The step the servers were at when this client joined.
   int64_t joined_step() const { return joined_step_; }
   const Options& options() const { return options_; }
+  /// The data path to `shard` ("grpc", "ucx"): its metrics label.
+  std::string transport_name(int shard) const;
 
   /// Starts fetching `unit` at `version` into one buffer of the unit's
   /// padded length, from every shard or only from `shards` (the rest of the
@@ -121,7 +132,11 @@ class ShardClient {
   struct Shard;
   explicit ShardClient(Options options);
 
+  /// Picks and creates each shard's data path (after every join).
+  absl::Status CreateTransports();
+
   Options options_;
+  std::unique_ptr<UcxContext> ucx_;  // null without UCX links; outlives shards_
   JobConfig job_;
   JobLayout layout_;
   int64_t joined_step_ = 0;

@@ -33,6 +33,8 @@ ABSL_FLAG(bool, recompute, false,
           "keep only each block's input between forward and backward and recompute the block in backward "
           "(less activation memory, about one more forward of the blocks)");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
+ABSL_FLAG(std::string, transport, "auto",
+          "data path to the servers: auto (UCX where built and offered, else gRPC), grpc or ucx");
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
 ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
 ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)");
@@ -81,6 +83,7 @@ int Run() {
   copts.encoding = *encoding;
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  copts.transport = absl::GetFlag(FLAGS_transport);
   absl::StatusOr<pshard::LinkSpec> link =
       pshard::LinkSpec::Parse(FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"),
                               FlagOrEnv(absl::GetFlag(FLAGS_link_delay), "PSHARD_LINK_DELAY"),
@@ -98,7 +101,6 @@ int Run() {
     return 2;
   }
   pshard::metrics::Registry registry;
-  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, "grpc", "cpu", peak_flops);
   std::unique_ptr<pshard::metrics::MetricsServer> metrics_server;
   if (const std::string address = absl::GetFlag(FLAGS_metrics_address); !address.empty()) {
     auto started = pshard::metrics::MetricsServer::Start(address, &registry);
@@ -115,6 +117,8 @@ int Run() {
     std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
     return 1;
   }
+  // Labelled with the data path in use (shard 0's; "auto" may mix them).
+  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0), "cpu", peak_flops);
   const std::string path = absl::GetFlag(FLAGS_data);
   absl::StatusOr<pshard::TokenDataset> data =
       path.empty() ? pshard::TokenDataset::FromText(pshard::DefaultCorpus()) : pshard::TokenDataset::FromFile(path);

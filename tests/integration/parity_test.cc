@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "pshard/config.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
@@ -75,14 +76,22 @@ std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding enc
 }
 
 struct ParityCase {
+  std::string transport;  ///< every trainer's data path
   int shards;
   int trainers;
   WireEncoding encoding;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
-  return absl::StrCat("N", info.param.shards, "_M", info.param.trainers, "_",
+  return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_",
                       std::string(WireEncodingName(info.param.encoding)));
+}
+
+/// The data paths this build has.
+std::vector<std::string> EnabledTransports() {
+  std::vector<std::string> transports = {"grpc"};
+  if (PSHARD_WITH_UCX) transports.push_back("ucx");
+  return transports;
 }
 
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
@@ -97,10 +106,16 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   std::vector<std::thread> threads;
   for (int r = 0; r < c.trainers; ++r) {
     threads.emplace_back([&, r] {
-      auto client = (*cluster)->Connect(r, c.encoding);
+      auto client = (*cluster)->Connect(r, c.encoding, c.transport);
       if (!client.ok()) {
         results[r] = client.status();
         return;
+      }
+      for (int s = 0; s < c.shards; ++s) {
+        if ((*client)->transport_name(s) != c.transport) {
+          results[r] = absl::InternalError(absl::StrCat("shard ", s, " uses ", (*client)->transport_name(s)));
+          return;
+        }
       }
       auto trainer = Trainer::Create(client->get(), &Corpus(), TinyTrainer());
       if (!trainer.ok()) {
@@ -130,17 +145,24 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   EXPECT_NE(initial->MasterWeights(), reference);
 }
 
+// Every (N, M, encoding) over gRPC; other transports take a subset that
+// still has N = 1 and several shards, one and several trainers, both encodings.
 std::vector<ParityCase> AllCases() {
   std::vector<ParityCase> cases;
-  for (WireEncoding e : {WireEncoding::kFp32, WireEncoding::kBf16}) {
-    for (int n : {1, 2, 3, 5}) {
-      for (int m : {1, 2, 3}) cases.push_back({n, m, e});
+  for (const std::string& transport : EnabledTransports()) {
+    const bool full = transport == "grpc";
+    for (WireEncoding e : {WireEncoding::kFp32, WireEncoding::kBf16}) {
+      for (int n : {1, 2, 3, 5}) {
+        for (int m : {1, 2, 3}) {
+          if (full || (n != 2 && m != 2)) cases.push_back({transport, n, m, e});
+        }
+      }
     }
   }
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Grpc, ParityTest, ::testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(AllTransports, ParityTest, ::testing::ValuesIn(AllCases()), CaseName);
 
 // Contributions pushed in a shuffled rank order, with delays between them,
 // reduce to the same bits: the owner sums in rank order whatever the order of

@@ -34,8 +34,10 @@ class LocalCluster {
   ShardServer& server(int shard) { return *servers_[shard]; }
   int num_shards() const { return static_cast<int>(servers_.size()); }
 
-  /// A connected client for `rank` (-1: a reader that is not a trainer).
-  absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncoding encoding) const;
+  /// A connected client for `rank` (-1: a reader that is not a trainer)
+  /// whose links use `transport` ("grpc", "ucx", "auto").
+  absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncoding encoding,
+                                                       const std::string& transport = "grpc") const;
   /// Every unit's fp32 master weights, unpadded, read through the protocol.
   absl::StatusOr<std::vector<std::vector<float>>> ReadMasterWeights() const;
 

@@ -1,0 +1,269 @@
+#include "shard_server/ucx_service.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/ucx/ucx_wire.h"
+#include "common/ucx/ucx_worker.h"
+#include "proto/rpc_util.h"
+
+namespace pshard {
+namespace {
+
+constexpr const char* kTransport = "ucx";
+
+// A reply and what it sends, kept alive until UCX is done with them.
+struct Reply {
+  ucx::ReplyHeader header;
+  std::string data;
+};
+
+absl::Status UnknownToken() {
+  return absl::UnauthenticatedError(
+      "unknown session token: join this shard over gRPC first (a UCX peer that did not join is refused)");
+}
+
+}  // namespace
+
+struct UcxService::Impl : std::enable_shared_from_this<Impl> {
+  ShardState* state = nullptr;
+  const SessionTokens* tokens = nullptr;
+  ServerMetrics* metrics = nullptr;
+  Options options;
+  std::unique_ptr<ucx::UcxWorker> worker;
+
+  static ucs_status_t OnFetch(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param);
+  static ucs_status_t OnPush(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param);
+
+  // Progress thread only.
+  void Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank);
+  void Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status);
+  // Any thread: copies the published slice and hands the reply to the worker.
+  void SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, WireEncoding encoding, int rank,
+                 absl::Status status);
+  absl::Status CheckPush(const ucx::PushHeader& h, size_t length, WireEncoding* encoding) const;
+  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding, const void* data,
+                    size_t length);
+  // A rendezvous push being received.
+  struct PushReceive;
+  static void PushReceived(void* request, ucs_status_t status, size_t length, void* user_data);
+};
+
+namespace {
+
+ucp_ep_h ReplyEp(const ucp_am_recv_param_t* param) {
+  return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+}
+
+bool IsRendezvous(const ucp_am_recv_param_t* param) {
+  return (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+}
+
+}  // namespace
+
+void UcxService::Impl::Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank) {
+  const size_t bytes = sizeof(reply->header) + reply->data.size();
+  ucx::SendAm(ep, id, &reply->header, sizeof(reply->header), reply->data.data(), reply->data.size(),
+              /*reply=*/true, [reply, bytes, rank, metrics = metrics, id](ucs_status_t s) {
+                if (s == UCS_OK && id == ucx::kFetchReply) {
+                  metrics->bytes_out(rank, kTransport).Increment(static_cast<double>(bytes));
+                }
+              });
+}
+
+void UcxService::Impl::Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status) {
+  metrics->Reject(status);
+  auto reply = std::make_shared<Reply>();
+  reply->header.request_id = request_id;
+  reply->header.status_code = static_cast<int32_t>(status.code());
+  reply->header.SetMessage(status.message());
+  Send(ep, id, std::move(reply), -1);
+}
+
+// ---- fetch ----
+
+ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t header_length, void* data,
+                                       size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Impl*>(arg);
+  const ucp_ep_h ep = ReplyEp(param);
+  ucx::FetchHeader h;
+  if (ep == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
+    self->metrics->Reject(absl::InvalidArgumentError("malformed UCX fetch"));
+    return UCS_OK;  // nobody to answer
+  }
+  const std::optional<int> rank = self->tokens->Lookup(h.token);
+  if (!rank) {
+    self->Refuse(ep, ucx::kFetchReply, h.request_id, UnknownToken());
+    return UCS_OK;
+  }
+  absl::StatusOr<WireEncoding> encoding = EncodingFromProto(static_cast<v1::Encoding>(h.encoding));
+  absl::Status status = encoding.status();
+  if (status.ok()) status = self->state->CheckFetch(h.unit, h.version);
+  if (!status.ok()) {
+    self->Refuse(ep, ucx::kFetchReply, h.request_id, status);
+    return UCS_OK;
+  }
+  // Like the gRPC path: answer a moment before the trainer gives up, so that
+  // it hears why rather than timing out.
+  absl::Duration wait = self->options.fetch_wait_limit;
+  if (h.wait_ms > 0) {
+    const absl::Duration client = absl::Milliseconds(h.wait_ms);
+    wait = std::min(wait, client - std::min(absl::Milliseconds(500), client / 10));
+  }
+  std::weak_ptr<Impl> weak = self->weak_from_this();
+  auto waiter = std::make_shared<OneShotWaiter>([weak, ep, h, encoding = *encoding, rank = *rank](absl::Status s) {
+    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(ep, h, encoding, rank, std::move(s));
+  });
+  self->state->WhenPublished(h.unit, h.version, absl::Now() + wait, waiter);
+  return UCS_OK;
+}
+
+void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, WireEncoding encoding, int rank,
+                                 absl::Status status) {
+  auto reply = std::make_shared<Reply>();
+  reply->header.request_id = request.request_id;
+  if (status.ok()) {
+    const int64_t length = state->slice_length(request.unit);
+    status = state->CopyPublished(request.unit, request.version, encoding, 0, length, &reply->data);
+    absl::StatusOr<uint32_t> checksum = state->PublishedChecksum(request.unit, request.version, encoding);
+    if (status.ok()) status = checksum.status();
+    if (status.ok()) {
+      reply->header.checksum = *checksum;
+      reply->header.version = request.version;
+      reply->header.slice_length = length;
+    }
+  }
+  if (!status.ok()) {
+    metrics->Reject(status);
+    reply->data.clear();
+    reply->header.status_code = static_cast<int32_t>(status.code());
+    reply->header.SetMessage(status.message());
+  }
+  worker->Post([self = shared_from_this(), ep, reply, rank] { self->Send(ep, ucx::kFetchReply, reply, rank); });
+}
+
+// ---- push ----
+
+absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length, WireEncoding* encoding) const {
+  if (!tokens->Lookup(h.token)) return UnknownToken();
+  ASSIGN_OR_RETURN(*encoding, EncodingFromProto(static_cast<v1::Encoding>(h.encoding)));
+  const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
+  RETURN_IF_ERROR(state->CheckPush(id));
+  const int64_t expected = state->slice_length(h.unit);
+  if (h.slice_length != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("wrong length: push of unit ", h.unit, " declares ",
+                                                   h.slice_length, " elements; this shard's slice has ", expected));
+  }
+  if (length != static_cast<size_t>(expected) * BytesPerElement(*encoding)) {
+    return absl::InvalidArgumentError(absl::StrCat("wrong length: push of unit ", h.unit, " carries ", length,
+                                                   " bytes; ", expected, " ", std::string(WireEncodingName(*encoding)),
+                                                   " elements take ", expected * BytesPerElement(*encoding)));
+  }
+  return absl::OkStatus();
+}
+
+void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding,
+                                    const void* data, size_t length) {
+  metrics->bytes_in(h.trainer, kTransport).Increment(static_cast<double>(sizeof(h) + length));
+  std::vector<float> staged(h.slice_length);
+  DecodeElements(encoding, static_cast<const std::byte*>(data), std::span<float>(staged));
+  const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
+  absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(staged));
+  if (!d.ok()) return Refuse(ep, ucx::kPushReply, h.request_id, d.status());
+  auto reply = std::make_shared<Reply>();
+  reply->header.request_id = h.request_id;
+  switch (*d) {
+    case PushDisposition::kAccepted:
+      reply->header.disposition = static_cast<int32_t>(ucx::Disposition::kAccepted);
+      break;
+    case PushDisposition::kDuplicate:
+      reply->header.disposition = static_cast<int32_t>(ucx::Disposition::kDuplicate);
+      reply->header.SetMessage("contribution already received; ignored");
+      metrics->duplicate_pushes.Increment();
+      break;
+    case PushDisposition::kAcceptedNonFinite:
+      reply->header.disposition = static_cast<int32_t>(ucx::Disposition::kAcceptedNonFinite);
+      reply->header.SetMessage(absl::StrCat("non-finite gradient: step ", h.step, " will be skipped on every shard"));
+      metrics->non_finite_pushes.Increment();
+      break;
+  }
+  Send(ep, ucx::kPushReply, std::move(reply), h.trainer);
+}
+
+// A rendezvous push being received.
+struct UcxService::Impl::PushReceive {
+  Impl* impl;
+  ucp_ep_h ep;
+  ucx::PushHeader header;
+  WireEncoding encoding;
+  std::string buffer;
+};
+
+void UcxService::Impl::PushReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
+  std::unique_ptr<PushReceive> r(static_cast<PushReceive*>(user_data));
+  if (status != UCS_OK) {
+    r->impl->Refuse(r->ep, ucx::kPushReply, r->header.request_id,
+                    PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
+  } else {
+    r->impl->CompletePush(r->ep, r->header, r->encoding, r->buffer.data(), r->buffer.size());
+  }
+  if (request != nullptr) ucp_request_free(request);
+}
+
+ucs_status_t UcxService::Impl::OnPush(void* arg, const void* header, size_t header_length, void* data,
+                                      size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Impl*>(arg);
+  const ucp_ep_h ep = ReplyEp(param);
+  ucx::PushHeader h;
+  if (ep == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
+    self->metrics->Reject(absl::InvalidArgumentError("malformed UCX push"));
+    return UCS_OK;  // rendezvous data not asked for is dropped by UCX
+  }
+  WireEncoding encoding = WireEncoding::kFp32;
+  if (absl::Status s = self->CheckPush(h, length, &encoding); !s.ok()) {
+    self->Refuse(ep, ucx::kPushReply, h.request_id, s);
+    return UCS_OK;
+  }
+  if (!IsRendezvous(param)) {
+    self->CompletePush(ep, h, encoding, data, length);
+    return UCS_OK;
+  }
+  auto* r = new PushReceive{self, ep, h, encoding, std::string(length, '\0')};
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = PushReceived;
+  rp.user_data = r;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(self->worker->worker(), data, r->buffer.data(), length, &rp);
+  if (request == nullptr) {
+    PushReceived(nullptr, UCS_OK, length, r);
+  } else if (UCS_PTR_IS_ERR(request)) {
+    PushReceived(nullptr, UCS_PTR_STATUS(request), 0, r);
+  }
+  return UCS_OK;
+}
+
+// ---- the handle ----
+
+absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state, const SessionTokens* tokens,
+                                                              ServerMetrics* metrics, Options options) {
+  auto impl = std::make_shared<Impl>();
+  impl->state = state;
+  impl->tokens = tokens;
+  impl->metrics = metrics;
+  impl->options = options;
+  ASSIGN_OR_RETURN(impl->worker, ucx::UcxWorker::Create({{ucx::kFetchRequest, &Impl::OnFetch, impl.get()},
+                                                         {ucx::kPushRequest, &Impl::OnPush, impl.get()}}));
+  return std::unique_ptr<UcxService>(new UcxService(std::move(impl)));
+}
+
+UcxService::~UcxService() {
+  if (impl_) impl_->worker->Stop();
+}
+
+const std::string& UcxService::address() const { return impl_->worker->address(); }
+
+}  // namespace pshard

@@ -1,0 +1,279 @@
+#include "trainer_client/ucx_transport.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/checksum.h"
+#include "common/ucx/ucx_wire.h"
+#include "proto/rpc_util.h"
+
+namespace pshard {
+namespace {
+
+std::string Where(int shard, const std::string& address) {
+  return absl::StrCat("shard ", shard, " (", address, ")");
+}
+
+}  // namespace
+
+// One fetch or push in flight. Lives in UcxContext::pending_ until its reply
+// (or its deadline) ends it; progress thread only, except where noted.
+struct UcxContext::Op {
+  UcxContext* owner = nullptr;
+  bool is_fetch = true;
+  uint64_t id = 0;
+  ucp_ep_h ep = nullptr;
+  absl::Duration timeout;
+  std::string what;     // "fetch of unit 3 version 12 from shard 1 (host:port)"
+  TransferDone done;
+  int64_t wire_bytes = 0;
+  // fetch
+  ucx::FetchHeader fetch;
+  FetchArgs fetch_args;
+  float* dest = nullptr;
+  std::string staged;   // encoded slice when it cannot land in dest
+  bool receiving = false;  // rendezvous data is being written
+  bool expired = false;    // the deadline passed while receiving
+  uint32_t checksum = 0;
+  // push
+  ucx::PushHeader push;
+  std::string data;     // encoded gradient slice
+
+  void Finish(absl::Status status) {
+    if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+    }
+    done(std::move(status), wire_bytes);
+  }
+  // Verifies and decodes the slice held in `bytes` (dest itself for fp32
+  // rendezvous) and ends the fetch.
+  void FinishFetch(const void* bytes, size_t length) {
+    if (expired) return Finish(absl::DeadlineExceededError(absl::StrCat(
+                         "no reply over UCX within ", absl::FormatDuration(timeout))));
+    const uint32_t crc = Crc32c(bytes, length);
+    if (crc != checksum) {
+      return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
+    }
+    if (bytes != dest) {
+      DecodeElements(fetch_args.encoding, static_cast<const std::byte*>(bytes),
+                     std::span<float>(dest, fetch_args.slice.length));
+    }
+    Finish(absl::OkStatus());
+  }
+};
+
+// ---- UcxContext ----
+
+absl::StatusOr<std::unique_ptr<UcxContext>> UcxContext::Create() {
+  std::unique_ptr<UcxContext> context(new UcxContext());
+  absl::StatusOr<std::unique_ptr<ucx::UcxWorker>> worker = ucx::UcxWorker::Create(
+      {{ucx::kFetchReply, &UcxContext::OnReply, context.get()}, {ucx::kPushReply, &UcxContext::OnReply, context.get()}});
+  if (!worker.ok()) return worker.status();
+  context->worker_ = std::move(*worker);
+  return context;
+}
+
+UcxContext::~UcxContext() {
+  if (worker_ == nullptr) return;  // Create failed
+  worker_->Stop([this] {
+    for (auto& [id, op] : pending_) op->Finish(absl::CancelledError("the trainer's UCX context shut down"));
+    pending_.clear();
+  });
+}
+
+std::shared_ptr<UcxContext::Op> UcxContext::Take(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return nullptr;
+  std::shared_ptr<Op> op = std::move(it->second);
+  pending_.erase(it);
+  return op;
+}
+
+void UcxContext::Start(std::shared_ptr<Op> op) {
+  const uint64_t id = op->id;
+  pending_[id] = op;
+  timer_.Schedule(absl::Now() + op->timeout, [this, id] { worker_->Post([this, id] { Expire(id); }); });
+  const void* header = op->is_fetch ? static_cast<const void*>(&op->fetch) : &op->push;
+  const size_t header_length = op->is_fetch ? sizeof(op->fetch) : sizeof(op->push);
+  op->wire_bytes += static_cast<int64_t>(header_length + op->data.size());
+  ucx::SendAm(op->ep, op->is_fetch ? ucx::kFetchRequest : ucx::kPushRequest, header, header_length,
+              op->data.data(), op->data.size(), /*reply=*/true, [this, op, id](ucs_status_t s) {
+                if (s == UCS_OK) return;  // the reply ends the op
+                if (Take(id) != nullptr) op->Finish(PSHARD_UCX_ERROR("ucp_am_send_nbx", s));
+              });
+}
+
+void UcxContext::Expire(uint64_t id) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;
+  if (it->second->receiving) {  // the data is landing in dest: let it finish
+    it->second->expired = true;
+    return;
+  }
+  std::shared_ptr<Op> op = Take(id);
+  op->Finish(absl::DeadlineExceededError(
+      absl::StrCat("no reply over UCX within ", absl::FormatDuration(op->timeout))));
+}
+
+void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data) {
+  std::unique_ptr<std::shared_ptr<UcxContext::Op>> holder(static_cast<std::shared_ptr<UcxContext::Op>*>(user_data));
+  UcxContext::Op& op = **holder;
+  op.owner->Take(op.id);  // ended here, whatever its deadline did
+  if (request != nullptr) ucp_request_free(request);
+  if (status != UCS_OK) return op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
+  const void* bytes = op.staged.empty() ? static_cast<const void*>(op.dest) : op.staged.data();
+  op.FinishFetch(bytes, length);
+}
+
+ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxContext*>(arg);
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  ucx::ReplyHeader reply;
+  std::shared_ptr<Op> op;
+  if (ucx::ReadHeader(header, header_length, &reply)) op = self->Take(reply.request_id);
+  // Rendezvous data not asked for with ucp_am_recv_data_nbx is dropped by UCX.
+  if (op == nullptr) return UCS_OK;  // late (after its deadline) or malformed
+  op->wire_bytes += static_cast<int64_t>(header_length + length);
+  auto refuse = [&](absl::Status status) {
+    op->Finish(std::move(status));
+    return UCS_OK;
+  };
+  if (reply.status_code != 0) {
+    return refuse(absl::Status(static_cast<absl::StatusCode>(reply.status_code), reply.Message()));
+  }
+  if (!op->is_fetch) {
+    if (reply.disposition == static_cast<int32_t>(ucx::Disposition::kAcceptedNonFinite)) {
+      std::fprintf(stderr, "pshard-trainer: %s: %s\n", op->what.c_str(), std::string(reply.Message()).c_str());
+    }
+    op->Finish(absl::OkStatus());
+    return UCS_OK;
+  }
+  const FetchArgs& args = op->fetch_args;
+  if (reply.slice_length != args.slice.length || reply.version != args.version) {
+    return refuse(absl::FailedPreconditionError(absl::StrCat(
+        "server sent slice of ", reply.slice_length, " elements at version ", reply.version, "; expected ",
+        args.slice.length, " at version ", args.version)));
+  }
+  const size_t expected = static_cast<size_t>(args.slice.length) * BytesPerElement(args.encoding);
+  if (length != expected) {
+    return refuse(absl::DataLossError(absl::StrCat("reply carries ", length, " bytes; expected ", expected)));
+  }
+  op->checksum = reply.checksum;
+  if (!rendezvous) {
+    op->FinishFetch(data, length);
+    return UCS_OK;
+  }
+  // Rendezvous: fp32 lands straight in dest; other encodings are staged and decoded.
+  void* target = op->dest;
+  if (args.encoding != WireEncoding::kFp32) {
+    op->staged.resize(length);
+    target = op->staged.data();
+  }
+  op->receiving = true;
+  self->pending_[op->id] = op;  // until the data is in (a deadline then only marks it)
+  auto* holder = new std::shared_ptr<Op>(op);
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = OnFetchData;
+  rp.user_data = holder;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(self->worker_->worker(), data, target, length, &rp);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
+    OnFetchData(nullptr, request == nullptr ? UCS_OK : UCS_PTR_STATUS(request), length, holder);
+  }
+  return UCS_OK;
+}
+
+// ---- UcxTransport ----
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Spec spec) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport(std::move(spec)));
+  absl::Notification created;
+  ucs_status_t status = UCS_OK;
+  UcxTransport* raw = t.get();
+  const bool posted = raw->spec_.context->worker_->Post([raw, &created, &status] {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(raw->spec_.ucx_address.data());
+    status = ucp_ep_create(raw->spec_.context->worker_->worker(), &params, &raw->ep_);
+    created.Notify();
+  });
+  if (!posted) return absl::CancelledError("the trainer's UCX context is shutting down");
+  created.WaitForNotification();
+  if (status != UCS_OK) {
+    absl::Status s = PSHARD_UCX_ERROR("ucp_ep_create", status);
+    return absl::Status(s.code(), absl::StrCat("UCX endpoint to ", Where(raw->spec_.shard, raw->spec_.address),
+                                               ": ", s.message()));
+  }
+  return t;
+}
+
+UcxTransport::~UcxTransport() {
+  if (ep_ == nullptr) return;
+  absl::Notification closed;
+  const bool posted = spec_.context->worker_->Post([this, &closed] {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
+    // A forced close completes locally; progress it here, briefly.
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+      for (int i = 0; i < 100000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i) {
+        ucp_worker_progress(spec_.context->worker_->worker());
+      }
+      ucp_request_free(request);
+    }
+    closed.Notify();
+  });
+  if (posted) closed.WaitForNotification();
+}
+
+void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
+  auto op = std::make_shared<UcxContext::Op>();
+  op->is_fetch = true;
+  op->id = spec_.context->next_id_.fetch_add(1);
+  op->timeout = spec_.rpc_timeout;
+  op->what = absl::StrCat("fetch of unit ", args.unit, " version ", args.version, " from ",
+                          Where(spec_.shard, spec_.address));
+  op->done = std::move(done);
+  op->fetch_args = args;
+  op->dest = dest;
+  op->fetch = ucx::FetchHeader{spec_.session_token, op->id, args.version, absl::ToInt64Milliseconds(spec_.rpc_timeout),
+                               args.unit, static_cast<int32_t>(EncodingToProto(args.encoding))};
+  StartOp(std::move(op));
+}
+
+void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {
+  auto op = std::make_shared<UcxContext::Op>();
+  op->is_fetch = false;
+  op->id = spec_.context->next_id_.fetch_add(1);
+  op->timeout = spec_.rpc_timeout;
+  op->what = absl::StrCat("push of unit ", args.unit, " step ", args.step, " to ", Where(spec_.shard, spec_.address));
+  op->done = std::move(done);
+  op->data.resize(args.slice.length * BytesPerElement(args.encoding));
+  EncodeElements(args.encoding, std::span<const float>(grads->data() + args.slice.begin, args.slice.length),
+                 reinterpret_cast<std::byte*>(op->data.data()));
+  op->push.token = spec_.session_token;
+  op->push.request_id = op->id;
+  op->push.step = args.step;
+  op->push.slice_length = args.slice.length;
+  op->push.trainer = args.first_rank;
+  op->push.rank_count = args.rank_count;
+  op->push.micro_batch = args.micro_batch;
+  op->push.unit = args.unit;
+  op->push.encoding = static_cast<int32_t>(EncodingToProto(args.encoding));
+  StartOp(std::move(op));
+}
+
+void UcxTransport::StartOp(std::shared_ptr<UcxContext::Op> op) {
+  op->ep = ep_;
+  op->owner = spec_.context;
+  UcxContext* context = spec_.context;
+  if (!context->worker_->Post([context, op] { context->Start(op); })) {
+    op->Finish(absl::CancelledError("the trainer's UCX context is shutting down"));
+  }
+}
+
+}  // namespace pshard

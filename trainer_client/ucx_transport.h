@@ -1,0 +1,83 @@
+// The UCX data path of a trainer: fetches and pushes as active messages to
+// the shard servers' UCP workers (tcp, shared memory, RDMA where present).
+// Compiled only with UCX (ShardClient uses it under PSHARD_WITH_UCX).
+#ifndef PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
+#define PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/deadline_timer.h"
+#include "common/ucx/ucx_worker.h"
+#include "trainer_client/transport.h"
+
+namespace pshard {
+
+/// One trainer's UCP context, worker and progress thread, shared by the
+/// UcxTransports of all its links. Owns the requests in flight: replies are
+/// matched to them by id. Destroy after every UcxTransport that uses it;
+/// requests still in flight then end with Cancelled. Thread-safe.
+class UcxContext {
+ public:
+  /// Starts UCX (reading its UCX_* environment). Fails when UCX cannot run
+  /// here, e.g. when UCX_TLS names no usable transport.
+  static absl::StatusOr<std::unique_ptr<UcxContext>> Create();
+  ~UcxContext();
+
+  struct Op;  // one request in flight (ucx_transport.cc)
+
+ private:
+  friend struct Op;
+  friend class UcxTransport;
+  UcxContext() = default;
+  /// On the progress thread: registers `op`, sends it, and arms its deadline.
+  void Start(std::shared_ptr<Op> op);
+  void Expire(uint64_t id);
+  std::shared_ptr<Op> Take(uint64_t id);
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param);
+  static void OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data);
+
+  std::unique_ptr<ucx::UcxWorker> worker_;
+  std::atomic<uint64_t> next_id_{1};
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Op>> pending_;  // progress thread only
+  DeadlineTimer timer_;  // request deadlines; after worker_: destroyed first
+};
+
+/// The data path to one shard server over UCX. Same semantics and error
+/// texts as GrpcTransport (no link emulation). Thread-safe.
+class UcxTransport final : public Transport {
+ public:
+  struct Spec {
+    UcxContext* context = nullptr;  ///< not owned; outlives the transport
+    int shard = 0;
+    std::string address;      ///< the server's gRPC address (for messages)
+    std::string ucx_address;  ///< JoinResponse.ucx_address
+    uint64_t session_token = 0;  ///< JoinResponse.session_token
+    absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
+  };
+  /// Creates the endpoint to the server's worker.
+  static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(Spec spec);
+  /// Closes the endpoint; requests still in flight end with an error.
+  ~UcxTransport() override;
+
+  std::string name() const override { return "ucx"; }
+  /// fp32 slices arriving by rendezvous are received straight into `dest`.
+  void Fetch(const FetchArgs& args, float* dest, TransferDone done) override;
+  void Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) override;
+
+ private:
+  explicit UcxTransport(Spec spec) : spec_(std::move(spec)) {}
+  void StartOp(std::shared_ptr<UcxContext::Op> op);
+  const Spec spec_;
+  ucp_ep_h ep_ = nullptr;  // used on the progress thread only
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
