@@ -19,6 +19,7 @@ ABSL_FLAG(int, servers, 4, "N shard servers");
 ABSL_FLAG(double, unit_mib, 64, "approximate size of the fetched unit in MiB (fp32)");
 ABSL_FLAG(int, repeats, 7, "timed fetches");
 ABSL_FLAG(std::string, encoding, "fp32", "wire encoding");
+ABSL_FLAG(std::string, transport, "grpc", "data path: grpc or ucx");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per fetch chunk");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 measurement length");
 
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   options.server_addresses = addresses;
   options.trainer_rank = -1;
   options.encoding = *encoding;
+  options.transport = absl::GetFlag(FLAGS_transport);
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return pshard::bench::Fail(client.status());
   const int unit = 1;  // the transformer block
@@ -74,8 +76,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<double> iperf = pshard::bench::IperfLoopbackBytesPerSecond(absl::GetFlag(FLAGS_iperf_seconds));
   if (!iperf.ok()) return pshard::bench::Fail(iperf.status());
   const double iperf_gbps = *iperf / 1e9;
-  std::printf("fetch of one unit: %.1f MiB (%s) from %d shard servers over gRPC\n", bytes / 1048576.0,
-              absl::GetFlag(FLAGS_encoding).c_str(), n);
+  std::printf("fetch of one unit: %.1f MiB (%s) from %d shard servers over %s\n", bytes / 1048576.0,
+              absl::GetFlag(FLAGS_encoding).c_str(), n, (*client)->transport_name(0).c_str());
   std::printf("  pshard fetch : median %.2f GB/s (best %.2f GB/s, median %.1f ms, %zu runs)\n", fetch_gbps,
               best_gbps, median * 1e3, seconds.size());
   std::printf("  iperf3       : %.2f GB/s single-stream loopback\n", iperf_gbps);

@@ -189,12 +189,21 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   return client;
 }
 
+std::string ShardClient::PreferredTransport(const std::string& address) const {
+  auto it = options_.transport_by_address.find(address);
+  return it == options_.transport_by_address.end() ? options_.transport : it->second;
+}
+
 absl::Status ShardClient::CreateTransports() {
-  const bool strict = options_.transport == "ucx";
 #if PSHARD_WITH_UCX
-  bool any_ucx = false;
-  for (const auto& shard : shards_) any_ucx |= !shard->ucx_address.empty();
-  if (options_.transport != "grpc" && any_ucx && !options_.link.enabled()) {
+  bool strict = false;     // some link must be UCX
+  bool wants_ucx = false;  // some link may be UCX
+  for (const auto& shard : shards_) {
+    const std::string preferred = PreferredTransport(shard->address);
+    strict |= preferred == "ucx";
+    wants_ucx |= preferred != "grpc" && !shard->ucx_address.empty();
+  }
+  if (wants_ucx && !options_.link.enabled()) {
     absl::StatusOr<std::unique_ptr<UcxContext>> ucx = UcxContext::Create();
     if (ucx.ok()) {
       ucx_ = std::move(*ucx);
@@ -208,13 +217,14 @@ absl::Status ShardClient::CreateTransports() {
 #endif
   for (size_t s = 0; s < shards_.size(); ++s) {
     Shard& shard = *shards_[s];
-    if (strict && shard.ucx_address.empty()) {
+    const std::string preferred = PreferredTransport(shard.address);
+    if (preferred == "ucx" && shard.ucx_address.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "transport ucx: shard ", s, " (", shard.address,
           ") offers no UCX address (built without UCX, started with --ucx=false, or its UCX failed)"));
     }
 #if PSHARD_WITH_UCX
-    if (ucx_ != nullptr && !shard.ucx_address.empty()) {
+    if (ucx_ != nullptr && !shard.ucx_address.empty() && preferred != "grpc") {
       UcxTransport::Spec spec;
       spec.context = ucx_.get();
       spec.shard = static_cast<int>(s);
@@ -227,7 +237,7 @@ absl::Status ShardClient::CreateTransports() {
         shard.transport = std::move(*transport);
         continue;
       }
-      if (strict) return transport.status();
+      if (preferred == "ucx") return transport.status();
       std::fprintf(stderr, "pshard-trainer: warning: %s; using gRPC for this link\n",
                    std::string(transport.status().message()).c_str());
     }
@@ -246,6 +256,12 @@ absl::Status ShardClient::CreateTransports() {
 }
 
 std::string ShardClient::transport_name(int shard) const { return shards_[shard]->transport->name(); }
+
+std::vector<std::string> ShardClient::shard_addresses() const {
+  std::vector<std::string> out;
+  for (const auto& shard : shards_) out.push_back(shard->address);
+  return out;
+}
 
 namespace {
 

@@ -6,6 +6,7 @@
 #define PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -88,6 +89,8 @@ class ShardClient {
     /// the link is not emulated, gRPC otherwise. If UCX cannot start here,
     /// "auto" warns once on stderr and uses gRPC for every link.
     std::string transport = "auto";
+    /// Per-server overrides of `transport`, keyed by address (a route plan).
+    std::map<std::string, std::string> transport_by_address;
   };
 
   /// Joins every server, checks that they run the same job and together
@@ -102,6 +105,8 @@ class ShardClient {
   const Options& options() const { return options_; }
   /// The data path to `shard` ("grpc", "ucx"): its metrics label.
   std::string transport_name(int shard) const;
+  /// Each shard's address in shard order.
+  std::vector<std::string> shard_addresses() const;
 
   /// Starts fetching `unit` at `version` into one buffer of the unit's
   /// padded length, from every shard or only from `shards` (the rest of the
@@ -134,6 +139,7 @@ class ShardClient {
 
   /// Picks and creates each shard's data path (after every join).
   absl::Status CreateTransports();
+  std::string PreferredTransport(const std::string& address) const;
 
   Options options_;
   std::unique_ptr<UcxContext> ucx_;  // null without UCX links; outlives shards_

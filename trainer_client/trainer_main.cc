@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,10 @@
 #include "absl/strings/numbers.h"
 #include "common/metrics/metrics_server.h"
 #include "trainer_client/data/default_corpus.h"
+#include "absl/strings/str_join.h"
+#include "pshard/config.h"
 #include "trainer_client/peak_flops.h"
+#include "trainer_client/route_plan.h"
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 
@@ -48,6 +52,8 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
 ABSL_FLAG(std::string, peak_flops, "auto",
           "FLOP/s that MFU is measured against: a number, 'auto' (this machine's measured sgemm rate) or 0 (no MFU)");
+ABSL_FLAG(std::string, topology, "", "topology file (JSON: nodes, fabric groups, links) to plan routes from");
+ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joining) and exit");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
 
 namespace {
@@ -93,6 +99,30 @@ int Run() {
     return 2;
   }
   copts.link = *link;
+  std::optional<pshard::Topology> topology;
+  if (const std::string file = absl::GetFlag(FLAGS_topology); !file.empty()) {
+    absl::StatusOr<pshard::Topology> loaded = pshard::Topology::Load(file);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    topology = std::move(*loaded);
+  }
+  absl::StatusOr<pshard::RoutePlan> plan = pshard::PlanRoutes(
+      topology ? &*topology : nullptr, copts.trainer_rank, copts.server_addresses, PSHARD_WITH_UCX != 0);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", plan.status().ToString().c_str());
+    return 2;
+  }
+  if (topology) copts.transport_by_address = plan->TransportByAddress();
+  if (!plan->fabric_group.empty() && plan->fabric_group.size() > 1) {
+    std::fprintf(stderr,
+                 "pshard-trainer: the topology puts trainer %d in fabric group [%s]; groups of separate processes "
+                 "need the NCCL collective, which this build lacks (the shared-memory group serves threads of one "
+                 "process)\n",
+                 copts.trainer_rank, absl::StrJoin(plan->fabric_group, ",").c_str());
+    if (!absl::GetFlag(FLAGS_print_plan)) return 2;
+  }
   double peak_flops = 0.0;
   if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
     peak_flops = pshard::MeasureSgemmFlops();
@@ -116,6 +146,14 @@ int Run() {
   if (!client.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
     return 1;
+  }
+  if (absl::GetFlag(FLAGS_print_plan)) {
+    std::printf("%s", plan->ToString().c_str());
+    const std::vector<std::string> shards = (*client)->shard_addresses();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::printf("  shard %zu = %s: %s in use\n", s, shards[s].c_str(), (*client)->transport_name(s).c_str());
+    }
+    return 0;
   }
   // Labelled with the data path in use (shard 0's; "auto" may mix them).
   pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0), "cpu", peak_flops);

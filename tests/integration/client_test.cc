@@ -5,7 +5,10 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/rpc_util.h"
+#include "absl/strings/str_cat.h"
 #include "proto/shard.grpc.pb.h"
+#include "pshard/config.h"
+#include "trainer_client/route_plan.h"
 #include "tests/testutil/local_cluster.h"
 
 namespace pshard::testing {
@@ -112,6 +115,34 @@ TEST(ClientTest, CoordinatorRefusesANormReportFromAnotherJob) {
   grpc::Status s = stub->AgreeNorm(&ctx, report, &agreement);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("different job"), std::string::npos) << s.error_message();
+}
+
+// A route plan from a topology decides the data path of each link.
+TEST(ClientTest, RoutePlanChoosesTheTransportOfEachLink) {
+  auto cluster = LocalCluster::Start(SmallJob(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::string> addresses = (*cluster)->addresses();
+  const std::string json = absl::StrCat(R"({"nodes": [{"name": "here", "servers": [")", addresses[0],
+                                        R"("], "trainers": [0]}, {"name": "there", "servers": [")", addresses[1],
+                                        R"("]}], "links": [{"between": ["here", "there"], "kind": "ethernet",
+                                        "transport": "grpc"}]})");
+  auto topology = Topology::Parse(json);
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  auto plan = PlanRoutes(&*topology, 0, addresses, PSHARD_WITH_UCX != 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ShardClient::Options options;
+  options.server_addresses = addresses;
+  options.transport_by_address = plan->TransportByAddress();
+  auto client = ShardClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->transport_name(0), PSHARD_WITH_UCX ? "ucx" : "grpc");
+  EXPECT_EQ((*client)->transport_name(1), "grpc");
+  // Both paths carry a whole unit.
+  auto fetched = (*client)->StartFetch(0, 0);
+  ASSERT_TRUE(fetched->Wait().ok());
+  std::vector<float> expected((*client)->layout().partitions[0].padded_numel());
+  InitializeUnitRange((*client)->layout().spec.units[0], 1, 0, expected);
+  EXPECT_EQ(fetched->values(), expected);
 }
 
 }  // namespace

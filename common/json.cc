@@ -1,0 +1,181 @@
+#include "common/json.h"
+
+#include <cctype>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace pshard {
+
+const JsonValue* JsonValue::Find(const std::string& key) const {
+  if (!is_object()) return nullptr;
+  auto it = as_object().find(key);
+  return it == as_object().end() ? nullptr : &it->second;
+}
+
+namespace {
+
+class Parser {
+ public:
+  explicit Parser(std::string_view text) : text_(text) {}
+
+  absl::StatusOr<JsonValue> Document() {
+    absl::StatusOr<JsonValue> v = Value(0);
+    if (!v.ok()) return v;
+    SkipSpace();
+    if (at_ != text_.size()) return Error("unexpected text after the document");
+    return v;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  absl::Status Error(const std::string& what) const {
+    int line = 1, column = 1;
+    for (size_t i = 0; i < at_ && i < text_.size(); ++i) {
+      if (text_[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat("JSON line ", line, ", column ", column, ": ", what));
+  }
+
+  void SkipSpace() {
+    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\t' || text_[at_] == '\n' || text_[at_] == '\r')) {
+      ++at_;
+    }
+  }
+
+  bool Consume(std::string_view word) {
+    if (text_.substr(at_, word.size()) != word) return false;
+    at_ += word.size();
+    return true;
+  }
+
+  absl::StatusOr<JsonValue> Value(int depth) {
+    if (depth > kMaxDepth) return Error("nested too deeply");
+    SkipSpace();
+    if (at_ >= text_.size()) return Error("unexpected end of input");
+    const char c = text_[at_];
+    if (c == '{') return ObjectValue(depth);
+    if (c == '[') return ArrayValue(depth);
+    if (c == '"') {
+      absl::StatusOr<std::string> s = StringValue();
+      if (!s.ok()) return s.status();
+      return JsonValue::String(std::move(*s));
+    }
+    if (Consume("true")) return JsonValue::Bool(true);
+    if (Consume("false")) return JsonValue::Bool(false);
+    if (Consume("null")) return JsonValue();
+    return NumberValue();
+  }
+
+  absl::StatusOr<JsonValue> NumberValue() {
+    const size_t start = at_;
+    if (at_ < text_.size() && text_[at_] == '-') ++at_;
+    while (at_ < text_.size() && (std::isdigit(static_cast<unsigned char>(text_[at_])) || text_[at_] == '.' ||
+                                  text_[at_] == 'e' || text_[at_] == 'E' || text_[at_] == '+' || text_[at_] == '-')) {
+      ++at_;
+    }
+    const std::string number(text_.substr(start, at_ - start));
+    char* end = nullptr;
+    const double d = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size()) {
+      at_ = start;
+      return Error("expected a value");
+    }
+    return JsonValue::Number(d);
+  }
+
+  absl::StatusOr<std::string> StringValue() {
+    ++at_;  // opening quote
+    std::string out;
+    while (at_ < text_.size()) {
+      const char c = text_[at_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) return Error("control character in a string");
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (at_ >= text_.size()) break;
+      const char e = text_[at_++];
+      switch (e) {
+        case '"': case '\\': case '/': out += e; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case 'n': out += '\n'; break;
+        case 'r': out += '\r'; break;
+        case 't': out += '\t'; break;
+        case 'u': {
+          if (at_ + 4 > text_.size()) return Error("short \\u escape");
+          const unsigned code = std::strtoul(std::string(text_.substr(at_, 4)).c_str(), nullptr, 16);
+          at_ += 4;
+          if (code >= 0xd800 && code <= 0xdfff) return Error("surrogate escapes are not supported");
+          // UTF-8 encode the code point (BMP only).
+          if (code < 0x80) {
+            out += static_cast<char>(code);
+          } else if (code < 0x800) {
+            out += static_cast<char>(0xc0 | (code >> 6));
+            out += static_cast<char>(0x80 | (code & 0x3f));
+          } else {
+            out += static_cast<char>(0xe0 | (code >> 12));
+            out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+            out += static_cast<char>(0x80 | (code & 0x3f));
+          }
+          break;
+        }
+        default: return Error(absl::StrCat("bad escape \\", std::string(1, e)));
+      }
+    }
+    return Error("unterminated string");
+  }
+
+  absl::StatusOr<JsonValue> ArrayValue(int depth) {
+    ++at_;
+    JsonValue::Array items;
+    SkipSpace();
+    if (Consume("]")) return JsonValue::MakeArray(std::move(items));
+    while (true) {
+      absl::StatusOr<JsonValue> v = Value(depth + 1);
+      if (!v.ok()) return v;
+      items.push_back(std::move(*v));
+      SkipSpace();
+      if (Consume("]")) return JsonValue::MakeArray(std::move(items));
+      if (!Consume(",")) return Error("expected ',' or ']'");
+    }
+  }
+
+  absl::StatusOr<JsonValue> ObjectValue(int depth) {
+    ++at_;
+    JsonValue::Object members;
+    SkipSpace();
+    if (Consume("}")) return JsonValue::MakeObject(std::move(members));
+    while (true) {
+      SkipSpace();
+      if (at_ >= text_.size() || text_[at_] != '"') return Error("expected a member name");
+      absl::StatusOr<std::string> key = StringValue();
+      if (!key.ok()) return key.status();
+      SkipSpace();
+      if (!Consume(":")) return Error("expected ':'");
+      absl::StatusOr<JsonValue> v = Value(depth + 1);
+      if (!v.ok()) return v;
+      if (!members.emplace(std::move(*key), std::move(*v)).second) return Error("duplicate member name");
+      SkipSpace();
+      if (Consume("}")) return JsonValue::MakeObject(std::move(members));
+      if (!Consume(",")) return Error("expected ',' or '}'");
+    }
+  }
+
+  std::string_view text_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<JsonValue> ParseJson(std::string_view text) { return Parser(text).Document(); }
+
+}  // namespace pshard

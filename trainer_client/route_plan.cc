@@ -1,0 +1,201 @@
+#include "trainer_client/route_plan.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+
+namespace pshard {
+namespace {
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("topology: ", what));
+}
+
+absl::StatusOr<std::string> StringField(const JsonValue& object, const std::string& key, bool required) {
+  const JsonValue* v = object.Find(key);
+  if (v == nullptr) {
+    if (required) return Invalid(absl::StrCat("missing \"", key, "\""));
+    return std::string();
+  }
+  if (!v->is_string()) return Invalid(absl::StrCat("\"", key, "\" must be a string"));
+  return v->as_string();
+}
+
+absl::StatusOr<std::vector<int>> Ranks(const JsonValue& v, const std::string& what) {
+  if (!v.is_array()) return Invalid(absl::StrCat(what, " must be an array of trainer ranks"));
+  std::vector<int> out;
+  for (const JsonValue& r : v.as_array()) {
+    if (!r.is_number() || r.as_number() < 0 || r.as_number() != static_cast<int>(r.as_number())) {
+      return Invalid(absl::StrCat(what, " holds something that is not a trainer rank"));
+    }
+    out.push_back(static_cast<int>(r.as_number()));
+  }
+  return out;
+}
+
+bool Known(const std::string& value, std::initializer_list<const char*> allowed) {
+  return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
+}
+
+}  // namespace
+
+absl::StatusOr<Topology> Topology::Parse(std::string_view json) {
+  ASSIGN_OR_RETURN(JsonValue doc, ParseJson(json));
+  if (!doc.is_object()) return Invalid("the document must be an object");
+  Topology t;
+  const JsonValue* nodes = doc.Find("nodes");
+  if (nodes == nullptr || !nodes->is_array() || nodes->as_array().empty()) {
+    return Invalid("\"nodes\" must be a non-empty array");
+  }
+  std::set<std::string> names, servers;
+  std::set<int> trainers;
+  for (const JsonValue& n : nodes->as_array()) {
+    if (!n.is_object()) return Invalid("every node must be an object");
+    Node node;
+    ASSIGN_OR_RETURN(node.name, StringField(n, "name", true));
+    if (!names.insert(node.name).second) return Invalid(absl::StrCat("node \"", node.name, "\" appears twice"));
+    if (const JsonValue* s = n.Find("servers")) {
+      if (!s->is_array()) return Invalid(absl::StrCat("node ", node.name, ": \"servers\" must be an array"));
+      for (const JsonValue& a : s->as_array()) {
+        if (!a.is_string()) return Invalid(absl::StrCat("node ", node.name, ": a server is not a string"));
+        if (!servers.insert(a.as_string()).second) {
+          return Invalid(absl::StrCat("server ", a.as_string(), " is on two nodes"));
+        }
+        node.servers.push_back(a.as_string());
+      }
+    }
+    if (const JsonValue* r = n.Find("trainers")) {
+      ASSIGN_OR_RETURN(node.trainers, Ranks(*r, absl::StrCat("node ", node.name, ": \"trainers\"")));
+      for (int rank : node.trainers) {
+        if (!trainers.insert(rank).second) return Invalid(absl::StrCat("trainer ", rank, " is on two nodes"));
+      }
+    }
+    t.nodes.push_back(std::move(node));
+  }
+  if (const JsonValue* groups = doc.Find("fabric_groups")) {
+    if (!groups->is_array()) return Invalid("\"fabric_groups\" must be an array of rank arrays");
+    std::set<int> grouped;
+    for (const JsonValue& g : groups->as_array()) {
+      ASSIGN_OR_RETURN(std::vector<int> group, Ranks(g, "a fabric group"));
+      for (int rank : group) {
+        if (!trainers.count(rank)) return Invalid(absl::StrCat("fabric group member ", rank, " is on no node"));
+        if (!grouped.insert(rank).second) return Invalid(absl::StrCat("trainer ", rank, " is in two fabric groups"));
+      }
+      t.fabric_groups.push_back(std::move(group));
+    }
+  }
+  if (const JsonValue* links = doc.Find("links")) {
+    if (!links->is_array()) return Invalid("\"links\" must be an array");
+    for (const JsonValue& l : links->as_array()) {
+      const JsonValue* between = l.is_object() ? l.Find("between") : nullptr;
+      if (between == nullptr || !between->is_array() || between->as_array().size() != 2 ||
+          !between->as_array()[0].is_string() || !between->as_array()[1].is_string()) {
+        return Invalid("every link needs \"between\": [node, node]");
+      }
+      Link link;
+      link.a = between->as_array()[0].as_string();
+      link.b = between->as_array()[1].as_string();
+      for (const std::string& end : {link.a, link.b}) {
+        if (!names.count(end)) return Invalid(absl::StrCat("link to unknown node \"", end, "\""));
+      }
+      ASSIGN_OR_RETURN(link.kind, StringField(l, "kind", true));
+      if (!Known(link.kind, {"ethernet", "rdma", "infiniband", "nvlink"})) {
+        return Invalid(absl::StrCat("link kind \"", link.kind, "\" (expected ethernet, rdma, infiniband or nvlink)"));
+      }
+      ASSIGN_OR_RETURN(link.transport, StringField(l, "transport", false));
+      if (!link.transport.empty() && !Known(link.transport, {"auto", "grpc", "ucx"})) {
+        return Invalid(absl::StrCat("link transport \"", link.transport, "\" (expected auto, grpc or ucx)"));
+      }
+      t.links.push_back(std::move(link));
+    }
+  }
+  return t;
+}
+
+absl::StatusOr<Topology> Topology::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read topology file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<Topology> t = Parse(text.str());
+  if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
+  return t;
+}
+
+std::map<std::string, std::string> RoutePlan::TransportByAddress() const {
+  std::map<std::string, std::string> out;
+  for (const Route& r : routes) out[r.address] = r.transport;
+  return out;
+}
+
+std::string RoutePlan::ToString() const {
+  std::string out = absl::StrCat("route plan of trainer ", rank, node.empty() ? "" : absl::StrCat(" on node ", node),
+                                 fabric_group.empty() ? "" : absl::StrCat(", fabric group [",
+                                                                          absl::StrJoin(fabric_group, ","), "]"),
+                                 ":\n");
+  for (const Route& r : routes) absl::StrAppend(&out, "  ", r.address, "  ", r.transport, "  (", r.reason, ")\n");
+  return out;
+}
+
+absl::StatusOr<RoutePlan> PlanRoutes(const Topology* topology, int rank,
+                                     const std::vector<std::string>& server_addresses, bool ucx_built) {
+  RoutePlan plan;
+  plan.rank = rank;
+  const std::string fallback = ucx_built ? "ucx" : "grpc";
+  if (topology == nullptr) {
+    for (const std::string& a : server_addresses) {
+      plan.routes.push_back({a, fallback,
+                             ucx_built ? "no topology: UCX where the server offers it (shared memory on this host, "
+                                         "tcp or RDMA elsewhere), else gRPC"
+                                       : "no topology; this build has no UCX"});
+    }
+    return plan;
+  }
+  auto node_of_trainer = [&](int r) -> const Topology::Node* {
+    for (const auto& n : topology->nodes) {
+      if (std::count(n.trainers.begin(), n.trainers.end(), r)) return &n;
+    }
+    return nullptr;
+  };
+  const Topology::Node* mine = node_of_trainer(rank);
+  if (mine == nullptr) return Invalid(absl::StrCat("trainer ", rank, " is on no node"));
+  plan.node = mine->name;
+  for (const auto& g : topology->fabric_groups) {
+    if (std::count(g.begin(), g.end(), rank)) plan.fabric_group = g;
+  }
+  for (const std::string& address : server_addresses) {
+    const Topology::Node* theirs = nullptr;
+    for (const auto& n : topology->nodes) {
+      if (std::count(n.servers.begin(), n.servers.end(), address)) theirs = &n;
+    }
+    if (theirs == nullptr) return Invalid(absl::StrCat("server ", address, " is on no node"));
+    if (theirs == mine) {
+      plan.routes.push_back({address, fallback, ucx_built ? "same node: UCX shared memory" : "same node; no UCX in this build"});
+      continue;
+    }
+    const Topology::Link* link = nullptr;
+    for (const auto& l : topology->links) {
+      if ((l.a == mine->name && l.b == theirs->name) || (l.b == mine->name && l.a == theirs->name)) link = &l;
+    }
+    const std::string kind = link ? link->kind : "ethernet";
+    if (link && (link->transport == "grpc" || link->transport == "ucx")) {
+      if (link->transport == "ucx" && !ucx_built) {
+        return Invalid(absl::StrCat("the link ", mine->name, "-", theirs->name, " asks for ucx; this build has no UCX"));
+      }
+      plan.routes.push_back({address, link->transport, absl::StrCat(kind, " link to node ", theirs->name, ", as the topology says")});
+      continue;
+    }
+    plan.routes.push_back({address, fallback,
+                           absl::StrCat(kind, " link to node ", theirs->name, link ? "" : " (no link declared)",
+                                        ucx_built ? ": UCX (tcp, or RDMA where present)" : ": gRPC (no UCX in this build)")});
+  }
+  return plan;
+}
+
+}  // namespace pshard

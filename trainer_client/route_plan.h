@@ -1,0 +1,70 @@
+// Topology and route planning: which transport each trainer uses to reach
+// each shard server. A topology file names the nodes (with their shard
+// servers and trainer ranks), the fabric groups, and the kind of link
+// between nodes; at start a trainer turns it into a route plan.
+//
+// Topology file (JSON):
+//   {"nodes": [{"name": "a", "servers": ["10.0.0.1:7000"], "trainers": [0, 1]}, ...],
+//    "fabric_groups": [[0, 1]],
+//    "links": [{"between": ["a", "b"], "kind": "ethernet", "transport": "grpc"}]}
+// kinds: ethernet, rdma, infiniband, nvlink; transport (optional): grpc,
+// ucx or auto. Without a file: UCX to every server where this build has it
+// (UCX itself picks shared memory on the same host, tcp or RDMA elsewhere),
+// else gRPC.
+#ifndef PSHARD_TRAINER_CLIENT_ROUTE_PLAN_H_
+#define PSHARD_TRAINER_CLIENT_ROUTE_PLAN_H_
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pshard {
+
+struct Topology {
+  struct Node {
+    std::string name;
+    std::vector<std::string> servers;  ///< host:port of the shard servers on this node
+    std::vector<int> trainers;         ///< trainer ranks on this node
+  };
+  struct Link {
+    std::string a, b;       ///< node names
+    std::string kind;       ///< ethernet, rdma, infiniband, nvlink
+    std::string transport;  ///< "", "auto", "grpc" or "ucx"
+  };
+  std::vector<Node> nodes;
+  std::vector<std::vector<int>> fabric_groups;
+  std::vector<Link> links;
+
+  /// Parses and validates (unique names, each server and trainer on one
+  /// node, groups of known trainers, links between known nodes).
+  static absl::StatusOr<Topology> Parse(std::string_view json);
+  static absl::StatusOr<Topology> Load(const std::string& path);
+};
+
+struct Route {
+  std::string address;    ///< the shard server
+  std::string transport;  ///< grpc or ucx
+  std::string reason;     ///< why, in words
+};
+
+struct RoutePlan {
+  int rank = 0;
+  std::string node;               ///< empty without a topology
+  std::vector<Route> routes;      ///< one per server address, in the order given
+  std::vector<int> fabric_group;  ///< ranks of this trainer's group; empty: none
+  /// Transport per server address, for ShardClient::Options.
+  std::map<std::string, std::string> TransportByAddress() const;
+  std::string ToString() const;
+};
+
+/// The plan for trainer `rank` reaching `server_addresses`. `topology` may
+/// be null (defaults). `ucx_built`: whether this build has the UCX transport.
+absl::StatusOr<RoutePlan> PlanRoutes(const Topology* topology, int rank,
+                                     const std::vector<std::string>& server_addresses, bool ucx_built);
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_ROUTE_PLAN_H_
