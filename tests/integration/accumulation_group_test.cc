@@ -2,10 +2,11 @@
 // trainer) and fabric groups (all-gather of fetches, reduce-scatter of
 // gradients inside the group) keep bit-for-bit parity.
 #include <cstring>
-#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
@@ -47,41 +48,19 @@ const TokenDataset& Corpus() {
 
 // Trains kSteps with every trainer in a thread; `group_size` > 1 puts
 // consecutive ranks into host fabric groups. Returns the master weights.
-std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding encoding, int group_size) {
+std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding encoding, int group_size,
+                                             const std::string& transport) {
   auto cluster = LocalCluster::Start(job);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return {};
-  std::vector<std::vector<std::unique_ptr<GroupCollective>>> groups;
-  if (group_size > 1) {
-    for (int g = 0; g < job.num_trainers / group_size; ++g) groups.push_back(CreateHostGroup(group_size));
-  }
-  std::vector<absl::Status> results(job.num_trainers);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < job.num_trainers; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = (*cluster)->Connect(r, encoding);
-      if (!client.ok()) {
-        results[r] = client.status();
-        return;
-      }
-      TrainerOptions options = Tiny();
-      if (group_size > 1) options.group = groups[r / group_size][r % group_size].get();
-      auto trainer = Trainer::Create(client->get(), &Corpus(), options);
-      if (!trainer.ok()) {
-        results[r] = trainer.status();
-        return;
-      }
-      for (int64_t step = 0; step < kSteps; ++step) {
-        absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
-        if (!report.ok()) {
-          results[r] = report.status();
-          return;
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < job.num_trainers; ++r) EXPECT_TRUE(results[r].ok()) << "trainer " << r << ": " << results[r];
+  ClusterTraining how;
+  how.encoding = encoding;
+  how.transport = transport;
+  how.trainer = Tiny();
+  how.group_size = group_size;
+  how.steps = kSteps;
+  absl::Status trained = TrainInThreads(**cluster, job.num_trainers, Corpus(), how);
+  EXPECT_TRUE(trained.ok()) << trained;
   auto weights = (*cluster)->ReadMasterWeights();
   EXPECT_TRUE(weights.ok()) << weights.status();
   return weights.ok() ? *weights : std::vector<std::vector<float>>();
@@ -110,23 +89,25 @@ struct Case {
   WireEncoding encoding;
 };
 
-class AccumulationTest : public ::testing::TestWithParam<Case> {};
+class AccumulationTest : public ::testing::TestWithParam<std::tuple<Case, std::string>> {};
 
 TEST_P(AccumulationTest, EqualsUnshardedReferenceBitForBit) {
-  const Case c = GetParam();
+  const auto& [c, transport] = GetParam();
   const JobConfig job = Job(/*shards=*/3, /*trainers=*/2, c.micro_batches, c.accumulate);
-  const auto sharded = TrainSharded(job, c.encoding, 1);
+  const auto sharded = TrainSharded(job, c.encoding, 1, transport);
   EXPECT_TRUE(BitIdentical(sharded, Reference(job, c.encoding)));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, AccumulationTest,
-    ::testing::Values(Case{2, false, WireEncoding::kFp32}, Case{2, true, WireEncoding::kFp32},
-                      Case{3, false, WireEncoding::kBf16}, Case{3, true, WireEncoding::kBf16},
-                      Case{4, true, WireEncoding::kFp32}),
+    ::testing::Combine(::testing::Values(Case{2, false, WireEncoding::kFp32}, Case{2, true, WireEncoding::kFp32},
+                                         Case{3, false, WireEncoding::kBf16}, Case{3, true, WireEncoding::kBf16},
+                                         Case{4, true, WireEncoding::kFp32}),
+                       ::testing::ValuesIn(EnabledTransports())),
     [](const auto& info) {
-      return absl::StrCat("K", info.param.micro_batches, info.param.accumulate ? "_accumulate_" : "_push_every_",
-                          std::string(WireEncodingName(info.param.encoding)));
+      const Case& c = std::get<0>(info.param);
+      return absl::StrCat(std::get<1>(info.param), "_K", c.micro_batches, c.accumulate ? "_accumulate_" : "_push_every_",
+                          std::string(WireEncodingName(c.encoding)));
     });
 
 // Accumulating on the trainer changes the order of the sum, so the two
@@ -146,23 +127,26 @@ struct GroupCase {
   bool accumulate;
 };
 
-class FabricGroupTest : public ::testing::TestWithParam<GroupCase> {};
+class FabricGroupTest : public ::testing::TestWithParam<std::tuple<GroupCase, std::string>> {};
 
 TEST_P(FabricGroupTest, GroupedEqualsUngroupedBitForBit) {
-  const GroupCase c = GetParam();
+  const auto& [c, transport] = GetParam();
   const JobConfig job = Job(/*shards=*/3, /*trainers=*/4, c.micro_batches, c.accumulate);
-  const auto grouped = TrainSharded(job, WireEncoding::kFp32, c.group_size);
-  const auto ungrouped = TrainSharded(job, WireEncoding::kFp32, 1);
+  const auto grouped = TrainSharded(job, WireEncoding::kFp32, c.group_size, transport);
+  const auto ungrouped = TrainSharded(job, WireEncoding::kFp32, 1, transport);
   EXPECT_TRUE(BitIdentical(grouped, ungrouped));
   EXPECT_TRUE(BitIdentical(grouped, Reference(job, WireEncoding::kFp32)));
 }
 
 INSTANTIATE_TEST_SUITE_P(HostGroups, FabricGroupTest,
-                         ::testing::Values(GroupCase{2, 1, false}, GroupCase{4, 1, false}, GroupCase{2, 2, false},
-                                           GroupCase{4, 2, true}, GroupCase{2, 2, true}),
+                         ::testing::Combine(::testing::Values(GroupCase{2, 1, false}, GroupCase{4, 1, false},
+                                                              GroupCase{2, 2, false}, GroupCase{4, 2, true},
+                                                              GroupCase{2, 2, true}),
+                                            ::testing::ValuesIn(EnabledTransports())),
                          [](const auto& info) {
-                           return absl::StrCat("G", info.param.group_size, "_K", info.param.micro_batches,
-                                               info.param.accumulate ? "_accumulate" : "_push_every");
+                           const GroupCase& c = std::get<0>(info.param);
+                           return absl::StrCat(std::get<1>(info.param), "_G", c.group_size, "_K", c.micro_batches,
+                                               c.accumulate ? "_accumulate" : "_push_every");
                          });
 
 TEST(FabricGroupTest, MisalignedGroupIsRefused) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pshard/config.h"
+#include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
@@ -88,12 +89,6 @@ std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
 }
 
 /// The data paths this build has.
-std::vector<std::string> EnabledTransports() {
-  std::vector<std::string> transports = {"grpc"};
-  if (PSHARD_WITH_UCX) transports.push_back("ucx");
-  return transports;
-}
-
 class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
@@ -102,37 +97,13 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   auto cluster = LocalCluster::Start(job);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
-  std::vector<absl::Status> results(c.trainers);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < c.trainers; ++r) {
-    threads.emplace_back([&, r] {
-      auto client = (*cluster)->Connect(r, c.encoding, c.transport);
-      if (!client.ok()) {
-        results[r] = client.status();
-        return;
-      }
-      for (int s = 0; s < c.shards; ++s) {
-        if ((*client)->transport_name(s) != c.transport) {
-          results[r] = absl::InternalError(absl::StrCat("shard ", s, " uses ", (*client)->transport_name(s)));
-          return;
-        }
-      }
-      auto trainer = Trainer::Create(client->get(), &Corpus(), TinyTrainer());
-      if (!trainer.ok()) {
-        results[r] = trainer.status();
-        return;
-      }
-      for (int64_t step = 0; step < kSteps; ++step) {
-        absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
-        if (!report.ok()) {
-          results[r] = report.status();
-          return;
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < c.trainers; ++r) ASSERT_TRUE(results[r].ok()) << "trainer " << r << ": " << results[r];
+  ClusterTraining how;
+  how.encoding = c.encoding;
+  how.transport = c.transport;
+  how.trainer = TinyTrainer();
+  how.steps = kSteps;
+  absl::Status trained = TrainInThreads(**cluster, c.trainers, Corpus(), how);
+  ASSERT_TRUE(trained.ok()) << trained;
 
   auto sharded = (*cluster)->ReadMasterWeights();
   ASSERT_TRUE(sharded.ok()) << sharded.status();

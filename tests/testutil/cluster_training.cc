@@ -1,0 +1,55 @@
+#include "tests/testutil/cluster_training.h"
+
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "pshard/config.h"
+#include "trainer_client/group_collective.h"
+
+namespace pshard::testing {
+
+std::vector<std::string> EnabledTransports() {
+  std::vector<std::string> transports = {"grpc"};
+  if (PSHARD_WITH_UCX) transports.push_back("ucx");
+  return transports;
+}
+
+absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const TokenDataset& data,
+                            const ClusterTraining& how) {
+  std::vector<std::vector<std::unique_ptr<GroupCollective>>> groups;
+  if (how.group_size > 1) {
+    for (int g = 0; g < num_trainers / how.group_size; ++g) groups.push_back(CreateHostGroup(how.group_size));
+  }
+  std::vector<absl::Status> results(num_trainers);
+  auto train = [&](int r) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<ShardClient>> client = cluster.Connect(r, how.encoding, how.transport);
+    if (!client.ok()) return client.status();
+    for (int s = 0; s < cluster.num_shards(); ++s) {
+      if ((*client)->transport_name(s) != how.transport) {
+        return absl::InternalError(absl::StrCat("shard ", s, " uses ", (*client)->transport_name(s), ", not ",
+                                                how.transport));
+      }
+    }
+    TrainerOptions options = how.trainer;
+    if (how.group_size > 1) options.group = groups[r / how.group_size][r % how.group_size].get();
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(client->get(), &data, options);
+    if (!trainer.ok()) return trainer.status();
+    for (int64_t step = 0; step < how.steps; ++step) {
+      absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
+      if (!report.ok()) return report.status();
+    }
+    return absl::OkStatus();
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < num_trainers; ++r) threads.emplace_back([&, r] { results[r] = train(r); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < num_trainers; ++r) {
+    if (!results[r].ok()) {
+      return absl::Status(results[r].code(), absl::StrCat("trainer ", r, ": ", results[r].message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pshard::testing
