@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/group_collective.h"
@@ -19,32 +20,14 @@ namespace {
 constexpr int kSteps = 4;
 
 JobConfig Job(int shards, int trainers, int micro_batches, bool accumulate) {
-  JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
-  job.optimizer.lr = 1e-2;
-  job.optimizer.warmup_steps = 1;
-  job.optimizer.total_steps = kSteps;
-  job.optimizer.grad_clip = 0.5;
-  job.num_shards = shards;
-  job.num_trainers = trainers;
-  job.slice_alignment = 8;
+  JobConfig job = TinyGptJob(shards, trainers, kSteps);
   job.micro_batches = micro_batches;
   job.accumulate_on_trainer = accumulate;
   return job;
 }
 
-TrainerOptions Tiny() {
-  TrainerOptions t;
-  t.batch = 2;
-  t.seq_len = 8;
-  t.data_seed = 11;
-  return t;
-}
+TrainerOptions Tiny() { return TinyTrainerOptions(11); }
 
-const TokenDataset& Corpus() {
-  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
-  return *data;
-}
 
 // Trains kSteps with every trainer in a thread; `group_size` > 1 puts
 // consecutive ranks into host fabric groups. Returns the master weights.
@@ -59,7 +42,7 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding 
   how.trainer = Tiny();
   how.group_size = group_size;
   how.steps = kSteps;
-  absl::Status trained = TrainInThreads(**cluster, job.num_trainers, Corpus(), how);
+  absl::Status trained = TrainInThreads(**cluster, job.num_trainers, TestCorpus(), how);
   EXPECT_TRUE(trained.ok()) << trained;
   auto weights = (*cluster)->ReadMasterWeights();
   EXPECT_TRUE(weights.ok()) << weights.status();
@@ -67,7 +50,7 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding 
 }
 
 std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding) {
-  auto ref = ReferenceTraining::Create(job, encoding, Tiny(), &Corpus());
+  auto ref = ReferenceTraining::Create(job, encoding, Tiny(), &TestCorpus());
   EXPECT_TRUE(ref.ok()) << ref.status();
   for (int64_t step = 0; step < kSteps; ++step) EXPECT_TRUE(ref->Step(step).ok());
   return ref->MasterWeights();
@@ -115,7 +98,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(AccumulationTest, BothModesMoveTheWeights) {
   const auto pushed = Reference(Job(3, 2, 2, false), WireEncoding::kFp32);
   const auto accumulated = Reference(Job(3, 2, 2, true), WireEncoding::kFp32);
-  auto initial = ReferenceTraining::Create(Job(3, 2, 2, false), WireEncoding::kFp32, Tiny(), &Corpus());
+  auto initial = ReferenceTraining::Create(Job(3, 2, 2, false), WireEncoding::kFp32, Tiny(), &TestCorpus());
   ASSERT_TRUE(initial.ok());
   EXPECT_FALSE(BitIdentical(pushed, initial->MasterWeights()));
   EXPECT_FALSE(BitIdentical(accumulated, initial->MasterWeights()));
@@ -158,7 +141,7 @@ TEST(FabricGroupTest, MisalignedGroupIsRefused) {
   auto group = CreateHostGroup(2);
   TrainerOptions options = Tiny();
   options.group = group[0].get();
-  auto trainer = Trainer::Create(client->get(), &Corpus(), options);
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
   ASSERT_FALSE(trainer.ok());
   EXPECT_NE(trainer.status().message().find("does not align"), std::string::npos) << trainer.status();
 }

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "proto/shard.grpc.pb.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
@@ -38,35 +39,10 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
 // Elements per pushed chunk in the hand-made pushes: several chunks a slice.
 constexpr int64_t kChunkElements = 256;
 
-JobConfig TinyJob() {
-  JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
-  job.optimizer.lr = 1e-2;
-  job.optimizer.min_lr = 1e-3;
-  job.optimizer.warmup_steps = 2;
-  job.optimizer.total_steps = 5;
-  job.optimizer.weight_decay = 0.1;
-  job.optimizer.grad_clip = 0.5;
-  job.num_shards = kShards;
-  job.num_trainers = kTrainers;
-  job.slice_alignment = 8;
-  job.deterministic = true;
-  return job;
-}
+JobConfig TinyJob() { return TinyGptJob(kShards, kTrainers, 5); }
 
-TrainerOptions TinyTrainer() {
-  TrainerOptions t;
-  t.batch = 2;
-  t.seq_len = 8;
-  t.prefetch_depth = 1;
-  t.data_seed = 7;
-  return t;
-}
+TrainerOptions TinyTrainer() { return TinyTrainerOptions(7); }
 
-const TokenDataset& Corpus() {
-  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
-  return *data;
-}
 
 bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
@@ -172,7 +148,7 @@ class BadInputTest : public ::testing::Test {
       stubs_.push_back(
           v1::ShardService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())));
     }
-    auto oracle = ReferenceTraining::Create(job_, WireEncoding::kFp32, TinyTrainer(), &Corpus());
+    auto oracle = ReferenceTraining::Create(job_, WireEncoding::kFp32, TinyTrainer(), &TestCorpus());
     ASSERT_TRUE(oracle.ok()) << oracle.status();
     oracle_.emplace(std::move(*oracle));
   }
@@ -264,7 +240,7 @@ class BadInputTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (size_t i = 0; i < ranks.size(); ++i) {
       threads.emplace_back([&, i] {
-        auto trainer = Trainer::Create(clients_[ranks[i]].get(), &Corpus(), TinyTrainer());
+        auto trainer = Trainer::Create(clients_[ranks[i]].get(), &TestCorpus(), TinyTrainer());
         if (!trainer.ok()) {
           results[i] = trainer.status();
           return;

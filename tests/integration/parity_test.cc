@@ -10,6 +10,7 @@
 #include "pshard/config.h"
 #include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
@@ -19,35 +20,10 @@ namespace {
 
 constexpr int kSteps = 5;
 
-JobConfig TinyJob(int shards, int trainers) {
-  JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
-  job.optimizer.lr = 1e-2;
-  job.optimizer.min_lr = 1e-3;
-  job.optimizer.warmup_steps = 2;
-  job.optimizer.total_steps = kSteps;
-  job.optimizer.weight_decay = 0.1;
-  job.optimizer.grad_clip = 0.5;  // small enough that clipping is active
-  job.num_shards = shards;
-  job.num_trainers = trainers;
-  job.slice_alignment = 8;  // many slice boundaries inside tensors
-  job.deterministic = true;
-  return job;
-}
+JobConfig TinyJob(int shards, int trainers) { return TinyGptJob(shards, trainers, kSteps); }
 
-TrainerOptions TinyTrainer() {
-  TrainerOptions t;
-  t.batch = 2;
-  t.seq_len = 8;
-  t.prefetch_depth = 1;
-  t.data_seed = 7;
-  return t;
-}
+TrainerOptions TinyTrainer() { return TinyTrainerOptions(7); }
 
-const TokenDataset& Corpus() {
-  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
-  return *data;
-}
 
 void ExpectBitIdentical(const std::vector<std::vector<float>>& got,
                         const std::vector<std::vector<float>>& want) {
@@ -67,7 +43,7 @@ void ExpectBitIdentical(const std::vector<std::vector<float>>& got,
 }
 
 std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding) {
-  auto ref = ReferenceTraining::Create(job, encoding, TinyTrainer(), &Corpus());
+  auto ref = ReferenceTraining::Create(job, encoding, TinyTrainer(), &TestCorpus());
   EXPECT_TRUE(ref.ok()) << ref.status();
   for (int64_t step = 0; step < kSteps; ++step) {
     absl::Status s = ref->Step(step);
@@ -102,7 +78,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   how.transport = c.transport;
   how.trainer = TinyTrainer();
   how.steps = kSteps;
-  absl::Status trained = TrainInThreads(**cluster, c.trainers, Corpus(), how);
+  absl::Status trained = TrainInThreads(**cluster, c.trainers, TestCorpus(), how);
   ASSERT_TRUE(trained.ok()) << trained;
 
   auto sharded = (*cluster)->ReadMasterWeights();
@@ -111,7 +87,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   ExpectBitIdentical(*sharded, reference);
 
   // The weights moved: a parity check against untouched weights proves nothing.
-  auto initial = ReferenceTraining::Create(job, c.encoding, TinyTrainer(), &Corpus());
+  auto initial = ReferenceTraining::Create(job, c.encoding, TinyTrainer(), &TestCorpus());
   ASSERT_TRUE(initial.ok());
   EXPECT_NE(initial->MasterWeights(), reference);
 }
@@ -151,7 +127,7 @@ TEST(ParityArrivalOrder, ShuffledDelayedPushesGiveTheSameWeights) {
     clients.push_back(std::move(*c));
   }
   // The gradients come from a reference that follows the servers' weights.
-  auto oracle = ReferenceTraining::Create(job, WireEncoding::kFp32, TinyTrainer(), &Corpus());
+  auto oracle = ReferenceTraining::Create(job, WireEncoding::kFp32, TinyTrainer(), &TestCorpus());
   ASSERT_TRUE(oracle.ok());
   std::mt19937 rng(42);
   for (int64_t step = 0; step < kSteps; ++step) {

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/group_collective.h"
@@ -20,35 +21,13 @@ namespace {
 
 constexpr int kSteps = 3;
 
-JobConfig Job(int shards, int trainers) {
-  JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
-  job.optimizer.lr = 1e-2;
-  job.optimizer.warmup_steps = 1;
-  job.optimizer.total_steps = kSteps;
-  job.optimizer.grad_clip = 0.5;
-  job.num_shards = shards;
-  job.num_trainers = trainers;
-  job.slice_alignment = 8;
-  job.deterministic = true;
-  return job;
-}
+JobConfig Job(int shards, int trainers) { return TinyGptJob(shards, trainers, kSteps); }
 
-TrainerOptions Tiny() {
-  TrainerOptions t;
-  t.batch = 2;
-  t.seq_len = 8;
-  t.data_seed = 5;
-  return t;
-}
+TrainerOptions Tiny() { return TinyTrainerOptions(5); }
 
-const TokenDataset& Corpus() {
-  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
-  return *data;
-}
 
 std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding, int steps) {
-  auto ref = ReferenceTraining::Create(job, encoding, Tiny(), &Corpus());
+  auto ref = ReferenceTraining::Create(job, encoding, Tiny(), &TestCorpus());
   EXPECT_TRUE(ref.ok()) << ref.status();
   for (int64_t step = 0; step < steps; ++step) EXPECT_TRUE(ref->Step(step).ok());
   return ref->MasterWeights();
@@ -67,7 +46,7 @@ bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<st
 absl::Status Train(ShardClient* client, GroupCollective* group, int steps) {
   TrainerOptions options = Tiny();
   options.group = group;
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(client, &Corpus(), options);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(client, &TestCorpus(), options);
   if (!trainer.ok()) return trainer.status();
   for (int64_t step = 0; step < steps; ++step) {
     absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);

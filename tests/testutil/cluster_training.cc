@@ -5,9 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "pshard/config.h"
+#include "tests/testutil/tiny_job.h"
+#include "trainer_client/data/default_corpus.h"
 #include "trainer_client/group_collective.h"
 
 namespace pshard::testing {
+
+const TokenDataset& TestCorpus() {
+  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
+  return *data;
+}
 
 std::vector<std::string> EnabledTransports() {
   std::vector<std::string> transports = {"grpc"};
