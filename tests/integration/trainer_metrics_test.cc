@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/trainer_metrics.h"
@@ -18,11 +19,6 @@ JobConfig SmallJob() {
   job.num_shards = 2;
   job.num_trainers = 1;
   return job;
-}
-
-const TokenDataset& Corpus() {
-  static const TokenDataset* data = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
-  return *data;
 }
 
 // The value of one sample `name{labels}` in a text exposition; -1 if absent.
@@ -51,7 +47,7 @@ RunResult Train(LocalCluster& cluster, int steps, int prefetch, const LinkSpec& 
   topts.batch = 4;
   topts.seq_len = 32;
   topts.prefetch_depth = prefetch;
-  auto trainer = Trainer::Create(client->get(), &Corpus(), topts);
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), topts);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   if (!trainer.ok()) return result;
   metrics::Registry registry;
