@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
-#include "shard_server/server.h"
+#include "tests/testutil/local_cluster.h"
 #include "trainer_client/shard_client.h"
 
 ABSL_FLAG(int, ranks, 4, "trainers, and shard servers (one per rank)");
@@ -75,27 +75,10 @@ int main(int argc, char** argv) {
   if (!encoding.ok()) return pshard::bench::Fail(encoding.status());
   const double bytes_per_element = static_cast<double>(pshard::BytesPerElement(*encoding));
 
-  // One transformer block holds 12 C^2 + 13 C parameters: pick C for the size.
-  const double elements = absl::GetFlag(FLAGS_unit_mib) * 1048576.0 / bytes_per_element;
-  int width = static_cast<int>(std::sqrt(elements / 12.0));
-  width -= width % 4;
-  pshard::JobConfig job;
-  job.model = pshard::GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256};
-  job.num_shards = n;
-  std::vector<std::unique_ptr<pshard::ShardServer>> servers;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < n; ++s) {
-    pshard::ShardServer::Spec spec;
-    spec.job = job;
-    spec.shard_index = s;
-    spec.enable_ucx = true;
-    spec.max_message_bytes = static_cast<int>(spec.fetch_chunk_bytes + (1 << 20));
-    if (s > 0) spec.coordinator_address = servers[0]->address();
-    auto server = pshard::ShardServer::Start(spec);
-    if (!server.ok()) return pshard::bench::Fail(server.status());
-    addresses.push_back((*server)->address());
-    servers.push_back(std::move(*server));
-  }
+  const pshard::JobConfig job = pshard::bench::OneBlockJob(absl::GetFlag(FLAGS_unit_mib), bytes_per_element, n);
+  auto cluster = pshard::testing::LocalCluster::Start(job);
+  if (!cluster.ok()) return pshard::bench::Fail(cluster.status());
+  const std::vector<std::string> addresses = (*cluster)->addresses();
 
   const int unit = 1;  // the transformer block
   int64_t unit_bytes = 0;
@@ -135,8 +118,7 @@ int main(int argc, char** argv) {
     }
     rows.push_back(Row{clients[0]->transport_name(0), Summarize(std::move(seconds))});
   }
-  for (auto& server : servers) server->Shutdown(absl::Milliseconds(100));
-  servers.clear();
+  cluster->reset();
 
   const int64_t bytes_per_rank = unit_bytes / n;
   absl::StatusOr<Timing> gloo = GlooAllGather(n, bytes_per_rank);

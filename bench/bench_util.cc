@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -15,6 +16,17 @@
 #include "tools/process.h"
 
 namespace pshard::bench {
+
+JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards) {
+  // One transformer block holds 12 C^2 + 13 C parameters: pick C for the size.
+  const double elements = unit_mib * 1048576.0 / bytes_per_element;
+  int width = static_cast<int>(std::sqrt(elements / 12.0));
+  width -= width % 4;
+  JobConfig job;
+  job.model = GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256};
+  job.num_shards = num_shards;
+  return job;
+}
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "benchmark failed: %s\n", status.ToString().c_str());

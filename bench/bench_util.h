@@ -7,8 +7,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job_config.h"
 
 namespace pshard::bench {
+
+/// A GPT with one transformer block whose block unit holds about
+/// `unit_mib` MiB at `bytes_per_element`, over `num_shards` servers.
+JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards);
 
 /// Prints the status and returns an exit code for main().
 int Fail(const absl::Status& status);

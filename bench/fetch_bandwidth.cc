@@ -12,7 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
-#include "shard_server/server.h"
+#include "tests/testutil/local_cluster.h"
 #include "trainer_client/shard_client.h"
 
 ABSL_FLAG(int, servers, 4, "N shard servers");
@@ -29,27 +29,13 @@ int main(int argc, char** argv) {
   auto encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
   if (!encoding.ok()) return pshard::bench::Fail(encoding.status());
 
-  // One transformer block holds 12 C^2 + 13 C parameters: pick C for the size.
-  const double elements = absl::GetFlag(FLAGS_unit_mib) * 1048576.0 / 4.0;
-  int width = static_cast<int>(std::sqrt(elements / 12.0));
-  width -= width % 4;
-  pshard::JobConfig job;
-  job.model = pshard::GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256};
-  job.num_shards = n;
-  std::vector<std::unique_ptr<pshard::ShardServer>> servers;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < n; ++s) {
-    pshard::ShardServer::Spec spec;
-    spec.job = job;
-    spec.shard_index = s;
-    spec.fetch_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
-    spec.max_message_bytes = static_cast<int>(spec.fetch_chunk_bytes + (1 << 20));
-    if (s > 0) spec.coordinator_address = servers[0]->address();
-    auto server = pshard::ShardServer::Start(spec);
-    if (!server.ok()) return pshard::bench::Fail(server.status());
-    addresses.push_back((*server)->address());
-    servers.push_back(std::move(*server));
-  }
+  const pshard::JobConfig job = pshard::bench::OneBlockJob(absl::GetFlag(FLAGS_unit_mib), 4.0, n);
+  pshard::testing::LocalCluster::Options cluster_options;
+  cluster_options.fetch_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  cluster_options.max_message_bytes = static_cast<int>(cluster_options.fetch_chunk_bytes + (1 << 20));
+  auto cluster = pshard::testing::LocalCluster::Start(job, cluster_options);
+  if (!cluster.ok()) return pshard::bench::Fail(cluster.status());
+  const std::vector<std::string> addresses = (*cluster)->addresses();
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
   options.trainer_rank = -1;

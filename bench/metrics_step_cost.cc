@@ -14,7 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "bench/bench_util.h"
-#include "shard_server/server.h"
+#include "tests/testutil/local_cluster.h"
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/trainer_metrics.h"
@@ -46,21 +46,18 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pshard::JobConfig job;  // the demo model: 4 layers, width 128
   job.num_shards = absl::GetFlag(FLAGS_servers);
-  std::vector<std::unique_ptr<pshard::ShardServer>> servers;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < job.num_shards; ++s) {
-    pshard::ShardServer::Spec spec;
-    spec.job = job;
-    spec.shard_index = s;
-    if (s > 0) spec.coordinator_address = servers[0]->address();
-    auto server = pshard::ShardServer::Start(spec);
-    if (!server.ok()) return pshard::bench::Fail(server.status());
-    addresses.push_back((*server)->address());
-    servers.push_back(std::move(*server));
-  }
+  auto cluster = pshard::testing::LocalCluster::Start(job);
+  if (!cluster.ok()) return pshard::bench::Fail(cluster.status());
+  const std::vector<std::string> addresses = (*cluster)->addresses();
+  auto rpc_count = [&] {
+    double total = 0;
+    for (int s = 0; s < (*cluster)->num_shards(); ++s) total += RpcCount((*cluster)->server(s).registry().Serialize());
+    return total;
+  };
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
   options.encoding = pshard::WireEncoding::kBf16;
+  options.transport = "grpc";  // the path whose servers observe a latency histogram per request
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return pshard::bench::Fail(client.status());
   const pshard::TokenDataset data = pshard::TokenDataset::FromText(pshard::DefaultCorpus());
@@ -76,7 +73,7 @@ int main(int argc, char** argv) {
   absl::Duration timed;
   for (int step = 0; step < kWarmup + steps; ++step) {
     if (step == kWarmup) {
-      for (auto& s : servers) rpcs_before += RpcCount(s->registry().Serialize());
+      rpcs_before = rpc_count();
     }
     const absl::Time start = absl::Now();
     auto report = (*trainer)->RunStep(step);
@@ -85,8 +82,7 @@ int main(int argc, char** argv) {
     if (step >= kWarmup) timed += absl::Now() - start;
     last = *report;
   }
-  double rpcs_after = 0;
-  for (auto& s : servers) rpcs_after += RpcCount(s->registry().Serialize());
+  const double rpcs_after = rpc_count();
   const double step_ns = absl::ToDoubleNanoseconds(timed) / steps;
   const double rpcs_per_step = (rpcs_after - rpcs_before) / steps;
 

@@ -18,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
-#include "shard_server/server.h"
+#include "tests/testutil/local_cluster.h"
 #include "tools/process.h"
 #include "trainer_client/shard_client.h"
 
@@ -44,27 +44,13 @@ struct FetchResult {
 
 absl::StatusOr<FetchResult> MeasureFetch() {
   const int n = absl::GetFlag(FLAGS_servers);
-  // One transformer block holds 12 C^2 + 13 C parameters: pick C for the size.
-  const double elements = absl::GetFlag(FLAGS_unit_mib) * 1048576.0 / 4.0;
-  int width = static_cast<int>(std::sqrt(elements / 12.0));
-  width -= width % 4;
-  pshard::JobConfig job;
-  job.model = pshard::GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256};
-  job.num_shards = n;
-  std::vector<std::unique_ptr<pshard::ShardServer>> servers;
-  std::vector<std::string> addresses;
+  const pshard::JobConfig job = pshard::bench::OneBlockJob(absl::GetFlag(FLAGS_unit_mib), 4.0, n);
+  auto cluster = pshard::testing::LocalCluster::Start(job);
+  if (!cluster.ok()) return cluster.status();
   for (int s = 0; s < n; ++s) {
-    pshard::ShardServer::Spec spec;
-    spec.job = job;
-    spec.shard_index = s;
-    spec.enable_ucx = true;
-    if (s > 0) spec.coordinator_address = servers[0]->address();
-    auto server = pshard::ShardServer::Start(spec);
-    if (!server.ok()) return server.status();
-    if ((*server)->ucx_address().empty()) return absl::UnavailableError("a shard server could not start UCX");
-    addresses.push_back((*server)->address());
-    servers.push_back(std::move(*server));
+    if ((*cluster)->server(s).ucx_address().empty()) return absl::UnavailableError("a shard server could not start UCX");
   }
+  const std::vector<std::string> addresses = (*cluster)->addresses();
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
   options.trainer_rank = -1;
@@ -89,7 +75,7 @@ absl::StatusOr<FetchResult> MeasureFetch() {
   result.best_s = seconds.front();
   result.runs = static_cast<int>(seconds.size());
   client->reset();
-  for (auto& server : servers) server->Shutdown(absl::Milliseconds(100));
+  cluster->reset();
   return result;
 }
 
