@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "trainer_client/model/gpt_layout.h"
 #include "trainer_client/model/ops.h"
 
 namespace pshard {
@@ -20,19 +21,6 @@ namespace {
 
 // Offset of the tensor of `unit` named "<unit>.<name>", which must have
 // `numel` elements.
-absl::StatusOr<int64_t> TensorOffset(const UnitSpec& unit, const std::string& name, int64_t numel) {
-  const TensorSpec* tensor = unit.Find(absl::StrCat(".", name));
-  if (tensor == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unit ", unit.name, " has no tensor ", name));
-  }
-  if (tensor->numel != numel || tensor->offset < 0 || tensor->offset + numel > unit.numel) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor->name, " has ", tensor->numel,
-                                                   " elements at offset ", tensor->offset,
-                                                   ", expected ", numel, " inside the unit"));
-  }
-  return tensor->offset;
-}
-
 template <typename T>
 void Zero(std::vector<T>& v) {
   std::fill(v.begin(), v.end(), T(0));
@@ -51,11 +39,6 @@ absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, in
                      " tokens; need batch >= 1 and 1 <= seq_len <= ", cfg.context));
   }
   const int layers = cfg.num_layers;
-  if (static_cast<int>(spec.units.size()) != layers + 2) {
-    return absl::InvalidArgumentError(absl::StrCat("a GPT with ", layers, " layers has ",
-                                                   layers + 2, " units, the spec has ",
-                                                   spec.units.size()));
-  }
   const int64_t c = cfg.d_model;
   const int64_t v = cfg.vocab;
   CpuGpt model;
@@ -64,30 +47,10 @@ absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, in
   model.seq_len_ = seq_len;
   model.recompute_ = recompute_blocks;
 
-  const UnitSpec& embed = spec.units.front();
-  ASSIGN_OR_RETURN(model.embed_.wte, TensorOffset(embed, "wte", v * c));
-  ASSIGN_OR_RETURN(model.embed_.wpe, TensorOffset(embed, "wpe", int64_t{cfg.context} * c));
-  for (int l = 0; l < layers; ++l) {
-    const UnitSpec& unit = spec.units[l + 1];
-    BlockLayout b;
-    ASSIGN_OR_RETURN(b.ln1_w, TensorOffset(unit, "ln1.w", c));
-    ASSIGN_OR_RETURN(b.ln1_b, TensorOffset(unit, "ln1.b", c));
-    ASSIGN_OR_RETURN(b.qkv_w, TensorOffset(unit, "attn.qkv.w", 3 * c * c));
-    ASSIGN_OR_RETURN(b.qkv_b, TensorOffset(unit, "attn.qkv.b", 3 * c));
-    ASSIGN_OR_RETURN(b.attn_proj_w, TensorOffset(unit, "attn.proj.w", c * c));
-    ASSIGN_OR_RETURN(b.attn_proj_b, TensorOffset(unit, "attn.proj.b", c));
-    ASSIGN_OR_RETURN(b.ln2_w, TensorOffset(unit, "ln2.w", c));
-    ASSIGN_OR_RETURN(b.ln2_b, TensorOffset(unit, "ln2.b", c));
-    ASSIGN_OR_RETURN(b.fc_w, TensorOffset(unit, "mlp.fc.w", 4 * c * c));
-    ASSIGN_OR_RETURN(b.fc_b, TensorOffset(unit, "mlp.fc.b", 4 * c));
-    ASSIGN_OR_RETURN(b.mlp_proj_w, TensorOffset(unit, "mlp.proj.w", 4 * c * c));
-    ASSIGN_OR_RETURN(b.mlp_proj_b, TensorOffset(unit, "mlp.proj.b", c));
-    model.block_layouts_.push_back(b);
-  }
-  const UnitSpec& head = spec.units.back();
-  ASSIGN_OR_RETURN(model.head_.lnf_w, TensorOffset(head, "lnf.w", c));
-  ASSIGN_OR_RETURN(model.head_.lnf_b, TensorOffset(head, "lnf.b", c));
-  ASSIGN_OR_RETURN(model.head_.lm_head_w, TensorOffset(head, "lm_head.w", v * c));
+  ASSIGN_OR_RETURN(GptLayout layout, MakeGptLayout(spec));
+  model.embed_ = layout.embed;
+  model.block_layouts_ = std::move(layout.blocks);
+  model.head_ = layout.head;
 
   // Every buffer is zero-filled here so no output ever depends on
   // uninitialised memory.
@@ -334,14 +297,7 @@ int64_t CpuGpt<T>::ActivationBytes() const {
 
 template <typename T>
 double CpuGpt<T>::FlopsPerMicroBatch() const {
-  const GptConfig& cfg = spec_.config;
-  const double c = cfg.d_model;
-  const double tokens = static_cast<double>(rows());
-  // Per block: qkv 3C^2, attention projection C^2, MLP 4C^2 + 4C^2.
-  const double matmul_weights = cfg.num_layers * 12.0 * c * c + static_cast<double>(cfg.vocab) * c;
-  const double attention =
-      12.0 * cfg.num_layers * batch_ * static_cast<double>(seq_len_) * seq_len_ * c;
-  return 6.0 * matmul_weights * tokens + attention;
+  return GptModelFlops(spec_.config, batch_, seq_len_);
 }
 
 template <typename T>

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
+#include "trainer_client/model/gpt_layout.h"
 
 namespace pshard {
 
@@ -106,16 +107,9 @@ class CpuGpt {
 
  private:
   // Offsets of each tensor inside its unit's flat vector.
-  struct EmbedLayout {
-    int64_t wte, wpe;
-  };
-  struct BlockLayout {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b;
-    int64_t ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
-  };
-  struct HeadLayout {
-    int64_t lnf_w, lnf_b, lm_head_w;
-  };
+  using EmbedLayout = GptLayout::Embed;
+  using BlockLayout = GptLayout::Block;
+  using HeadLayout = GptLayout::Head;
   // What one block's backward reads: saved by its forward, or, with
   // recomputation, rebuilt in the one set shared by all blocks.
   struct BlockActivations {

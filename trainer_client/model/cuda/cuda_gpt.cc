@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "trainer_client/model/gpt_layout.h"
 #include "trainer_client/model/cuda/cuda_check.h"
 #include "trainer_client/model/cuda/kernels.h"
 
@@ -21,19 +22,6 @@ constexpr int64_t kBlasWorkspaceBytes = int64_t{32} << 20;
 
 // Offset of the tensor of `unit` named "<unit>.<name>", which must have
 // `numel` elements.
-absl::StatusOr<int64_t> TensorOffset(const UnitSpec& unit, const std::string& name, int64_t numel) {
-  const TensorSpec* tensor = unit.Find(absl::StrCat(".", name));
-  if (tensor == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unit ", unit.name, " has no tensor ", name));
-  }
-  if (tensor->numel != numel || tensor->offset < 0 || tensor->offset + numel > unit.numel) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor->name, " has ", tensor->numel,
-                                                   " elements at offset ", tensor->offset,
-                                                   ", expected ", numel, " inside the unit"));
-  }
-  return tensor->offset;
-}
-
 // A row-major bf16 operand: element (i, j) of matrix b of a batch is
 // data[b * stride + i * ld + j].
 struct Operand {
@@ -146,33 +134,10 @@ CudaGpt::~CudaGpt() {
 }
 
 absl::Status CudaGpt::CheckLayout() {
-  const GptConfig& cfg = spec_.config;
-  const int64_t c = cfg.d_model;
-  const int64_t v = cfg.vocab;
-  const UnitSpec& embed = spec_.units.front();
-  ASSIGN_OR_RETURN(embed_.wte, TensorOffset(embed, "wte", v * c));
-  ASSIGN_OR_RETURN(embed_.wpe, TensorOffset(embed, "wpe", int64_t{cfg.context} * c));
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    const UnitSpec& unit = spec_.units[l + 1];
-    BlockLayout b;
-    ASSIGN_OR_RETURN(b.ln1_w, TensorOffset(unit, "ln1.w", c));
-    ASSIGN_OR_RETURN(b.ln1_b, TensorOffset(unit, "ln1.b", c));
-    ASSIGN_OR_RETURN(b.qkv_w, TensorOffset(unit, "attn.qkv.w", 3 * c * c));
-    ASSIGN_OR_RETURN(b.qkv_b, TensorOffset(unit, "attn.qkv.b", 3 * c));
-    ASSIGN_OR_RETURN(b.attn_proj_w, TensorOffset(unit, "attn.proj.w", c * c));
-    ASSIGN_OR_RETURN(b.attn_proj_b, TensorOffset(unit, "attn.proj.b", c));
-    ASSIGN_OR_RETURN(b.ln2_w, TensorOffset(unit, "ln2.w", c));
-    ASSIGN_OR_RETURN(b.ln2_b, TensorOffset(unit, "ln2.b", c));
-    ASSIGN_OR_RETURN(b.fc_w, TensorOffset(unit, "mlp.fc.w", 4 * c * c));
-    ASSIGN_OR_RETURN(b.fc_b, TensorOffset(unit, "mlp.fc.b", 4 * c));
-    ASSIGN_OR_RETURN(b.mlp_proj_w, TensorOffset(unit, "mlp.proj.w", 4 * c * c));
-    ASSIGN_OR_RETURN(b.mlp_proj_b, TensorOffset(unit, "mlp.proj.b", c));
-    block_layouts_.push_back(b);
-  }
-  const UnitSpec& head = spec_.units.back();
-  ASSIGN_OR_RETURN(head_.lnf_w, TensorOffset(head, "lnf.w", c));
-  ASSIGN_OR_RETURN(head_.lnf_b, TensorOffset(head, "lnf.b", c));
-  ASSIGN_OR_RETURN(head_.lm_head_w, TensorOffset(head, "lm_head.w", v * c));
+  ASSIGN_OR_RETURN(GptLayout layout, MakeGptLayout(spec_));
+  embed_ = layout.embed;
+  block_layouts_ = std::move(layout.blocks);
+  head_ = layout.head;
   return absl::OkStatus();
 }
 
@@ -561,14 +526,7 @@ absl::Status CudaGpt::AttentionBackward(bf16* dqkv, const bf16* dout, const bf16
 // ---------------------------------------------------------------- accounting
 
 double CudaGpt::FlopsPerMicroBatch() const {
-  const GptConfig& cfg = spec_.config;
-  const double c = cfg.d_model;
-  const double tokens = static_cast<double>(rows());
-  // Per block: qkv 3C^2, attention projection C^2, MLP 4C^2 + 4C^2.
-  const double matmul_weights = cfg.num_layers * 12.0 * c * c + static_cast<double>(cfg.vocab) * c;
-  const double attention =
-      12.0 * cfg.num_layers * batch_ * static_cast<double>(seq_len_) * seq_len_ * c;
-  return 6.0 * matmul_weights * tokens + attention;
+  return GptModelFlops(spec_.config, batch_, seq_len_);
 }
 
 bool CudaDeviceAvailable() {

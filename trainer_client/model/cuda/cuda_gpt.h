@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
+#include "trainer_client/model/gpt_layout.h"
 
 struct cublasContext;  // cublasHandle_t, without including cuBLAS here
 
@@ -94,16 +95,9 @@ class CudaGpt {
   using bf16 = __nv_bfloat16;
 
   // Offsets of each tensor inside its unit's flat vector.
-  struct EmbedLayout {
-    int64_t wte, wpe;
-  };
-  struct BlockLayout {
-    int64_t ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b;
-    int64_t ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
-  };
-  struct HeadLayout {
-    int64_t lnf_w, lnf_b, lm_head_w;
-  };
+  using EmbedLayout = GptLayout::Embed;
+  using BlockLayout = GptLayout::Block;
+  using HeadLayout = GptLayout::Head;
   // What one block's forward saves for its backward (device pointers).
   struct BlockActivations {
     bf16* ln1;                   // [N,C]

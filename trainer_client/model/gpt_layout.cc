@@ -1,0 +1,71 @@
+#include "trainer_client/model/gpt_layout.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pshard {
+namespace {
+
+absl::StatusOr<int64_t> TensorOffset(const UnitSpec& unit, const std::string& name, int64_t numel) {
+  const TensorSpec* tensor = unit.Find(absl::StrCat(".", name));
+  if (tensor == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unit ", unit.name, " has no tensor ", name));
+  }
+  if (tensor->numel != numel || tensor->offset < 0 || tensor->offset + numel > unit.numel) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor->name, " has ", tensor->numel,
+                                                   " elements at offset ", tensor->offset, ", expected ", numel,
+                                                   " inside the unit"));
+  }
+  return tensor->offset;
+}
+
+}  // namespace
+
+absl::StatusOr<GptLayout> MakeGptLayout(const ModelSpec& spec) {
+  const GptConfig& cfg = spec.config;
+  if (static_cast<int>(spec.units.size()) != cfg.num_layers + 2) {
+    return absl::InvalidArgumentError(absl::StrCat("a GPT of ", cfg.num_layers, " layers has ", cfg.num_layers + 2,
+                                                   " units; the spec has ", spec.units.size()));
+  }
+  const int64_t c = cfg.d_model;
+  const int64_t v = cfg.vocab;
+  GptLayout layout;
+  const UnitSpec& embed = spec.units.front();
+  ASSIGN_OR_RETURN(layout.embed.wte, TensorOffset(embed, "wte", v * c));
+  ASSIGN_OR_RETURN(layout.embed.wpe, TensorOffset(embed, "wpe", int64_t{cfg.context} * c));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const UnitSpec& unit = spec.units[l + 1];
+    GptLayout::Block b;
+    ASSIGN_OR_RETURN(b.ln1_w, TensorOffset(unit, "ln1.w", c));
+    ASSIGN_OR_RETURN(b.ln1_b, TensorOffset(unit, "ln1.b", c));
+    ASSIGN_OR_RETURN(b.qkv_w, TensorOffset(unit, "attn.qkv.w", 3 * c * c));
+    ASSIGN_OR_RETURN(b.qkv_b, TensorOffset(unit, "attn.qkv.b", 3 * c));
+    ASSIGN_OR_RETURN(b.attn_proj_w, TensorOffset(unit, "attn.proj.w", c * c));
+    ASSIGN_OR_RETURN(b.attn_proj_b, TensorOffset(unit, "attn.proj.b", c));
+    ASSIGN_OR_RETURN(b.ln2_w, TensorOffset(unit, "ln2.w", c));
+    ASSIGN_OR_RETURN(b.ln2_b, TensorOffset(unit, "ln2.b", c));
+    ASSIGN_OR_RETURN(b.fc_w, TensorOffset(unit, "mlp.fc.w", 4 * c * c));
+    ASSIGN_OR_RETURN(b.fc_b, TensorOffset(unit, "mlp.fc.b", 4 * c));
+    ASSIGN_OR_RETURN(b.mlp_proj_w, TensorOffset(unit, "mlp.proj.w", 4 * c * c));
+    ASSIGN_OR_RETURN(b.mlp_proj_b, TensorOffset(unit, "mlp.proj.b", c));
+    layout.blocks.push_back(b);
+  }
+  const UnitSpec& head = spec.units.back();
+  ASSIGN_OR_RETURN(layout.head.lnf_w, TensorOffset(head, "lnf.w", c));
+  ASSIGN_OR_RETURN(layout.head.lnf_b, TensorOffset(head, "lnf.b", c));
+  ASSIGN_OR_RETURN(layout.head.lm_head_w, TensorOffset(head, "lm_head.w", v * c));
+  return layout;
+}
+
+double GptModelFlops(const GptConfig& config, int batch, int seq_len) {
+  const double c = config.d_model;
+  const double tokens = static_cast<double>(batch) * seq_len;
+  // Per block: qkv 3C^2, attention projection C^2, MLP 4C^2 + 4C^2.
+  const double matmul_weights = config.num_layers * 12.0 * c * c + static_cast<double>(config.vocab) * c;
+  const double attention = 12.0 * config.num_layers * batch * static_cast<double>(seq_len) * seq_len * c;
+  return 6.0 * matmul_weights * tokens + attention;
+}
+
+}  // namespace pshard

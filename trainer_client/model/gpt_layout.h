@@ -1,0 +1,43 @@
+// Where each tensor of the GPT sits inside its unit's flat vector, and the
+// model FLOPs of a pass: shared by the CPU and CUDA models.
+#ifndef PSHARD_TRAINER_CLIENT_MODEL_GPT_LAYOUT_H_
+#define PSHARD_TRAINER_CLIENT_MODEL_GPT_LAYOUT_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_spec.h"
+
+namespace pshard {
+
+/// Element offsets of every tensor within its unit.
+struct GptLayout {
+  struct Embed {
+    int64_t wte, wpe;
+  };
+  struct Block {
+    int64_t ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b;
+    int64_t ln2_w, ln2_b, fc_w, fc_b, mlp_proj_w, mlp_proj_b;
+  };
+  struct Head {
+    int64_t lnf_w, lnf_b, lm_head_w;
+  };
+  Embed embed{};
+  std::vector<Block> blocks;
+  Head head{};
+};
+
+/// The layout of a spec made by MakeGptSpec; InvalidArgument naming the
+/// tensor when one is missing or has the wrong size.
+absl::StatusOr<GptLayout> MakeGptLayout(const ModelSpec& spec);
+
+/// Model FLOPs of one forward + backward of `batch` sequences of `seq_len`:
+/// 6 × (matrix weights: block linears and the LM head) × tokens, plus
+/// 12 × layers × batch × seq_len² × width for the attention products
+/// (counted over the full T×T square, as run).
+double GptModelFlops(const GptConfig& config, int batch, int seq_len);
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_MODEL_GPT_LAYOUT_H_
