@@ -316,10 +316,11 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
   return transfer;
 }
 
-absl::StatusOr<std::vector<float>> ShardClient::ReadMasterUnit(int unit) {
+absl::StatusOr<std::vector<float>> ShardClient::ReadMasterUnit(int unit, std::optional<int64_t> version) {
   if (unit < 0 || unit >= static_cast<int>(layout_.partitions.size())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown unit ", unit));
   }
+  if (version) RETURN_IF_ERROR(StartFetch(unit, *version)->Wait());  // waits until published
   const UnitPartition& p = layout_.partitions[unit];
   std::vector<float> out(p.padded_numel());
   for (size_t s = 0; s < shards_.size(); ++s) {
@@ -333,6 +334,10 @@ absl::StatusOr<std::vector<float>> ShardClient::ReadMasterUnit(int unit) {
       return absl::Status(FromGrpcStatus(st).code(),
                           absl::StrCat("read master of unit ", unit, " from ", shards_[s]->address, ": ",
                                        st.error_message()));
+    }
+    if (version && response.version() != *version) {
+      return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " on ", shards_[s]->address, " is at version ",
+                                                        response.version(), ", not ", *version));
     }
     const SliceRange slice = p.Slice(static_cast<int>(s));
     if (response.data().size() != static_cast<size_t>(slice.length) * sizeof(float)) {

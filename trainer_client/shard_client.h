@@ -131,7 +131,9 @@ class ShardClient {
   }
 
   /// Reads a unit's fp32 master weights from every shard (unpadded).
-  absl::StatusOr<std::vector<float>> ReadMasterUnit(int unit);
+  /// With `version`, waits (up to the RPC deadline) until the unit is
+  /// published at that version and fails if a shard has moved past it.
+  absl::StatusOr<std::vector<float>> ReadMasterUnit(int unit, std::optional<int64_t> version = std::nullopt);
 
  private:
   struct Shard;

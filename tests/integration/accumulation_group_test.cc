@@ -44,7 +44,7 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding 
   how.steps = kSteps;
   absl::Status trained = TrainInThreads(**cluster, job.num_trainers, TestCorpus(), how);
   EXPECT_TRUE(trained.ok()) << trained;
-  auto weights = (*cluster)->ReadMasterWeights();
+  auto weights = (*cluster)->ReadMasterWeights(kSteps);
   EXPECT_TRUE(weights.ok()) << weights.status();
   return weights.ok() ? *weights : std::vector<std::vector<float>>();
 }

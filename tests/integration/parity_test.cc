@@ -81,7 +81,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   absl::Status trained = TrainInThreads(**cluster, c.trainers, TestCorpus(), how);
   ASSERT_TRUE(trained.ok()) << trained;
 
-  auto sharded = (*cluster)->ReadMasterWeights();
+  auto sharded = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   const auto reference = Reference(job, c.encoding);
   ExpectBitIdentical(*sharded, reference);
@@ -159,7 +159,7 @@ TEST(ParityArrivalOrder, ShuffledDelayedPushesGiveTheSameWeights) {
       ASSERT_TRUE(clients[0]->StartFetch(u, step + 1)->Wait().ok());
     }
   }
-  auto sharded = (*cluster)->ReadMasterWeights();
+  auto sharded = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   ExpectBitIdentical(*sharded, oracle->MasterWeights());
 }

@@ -81,7 +81,7 @@ TEST(UcxTest, MixedTransportsAndHostGroupKeepParity) {
     }
     for (auto& t : threads) t.join();
     for (int r = 0; r < 4; ++r) ASSERT_TRUE(results[r].ok()) << "trainer " << r << ": " << results[r];
-    auto weights = (*cluster)->ReadMasterWeights();
+    auto weights = (*cluster)->ReadMasterWeights(kSteps);
     ASSERT_TRUE(weights.ok()) << weights.status();
     EXPECT_TRUE(BitIdentical(*weights, Reference(job, encoding, kSteps))) << WireEncodingName(encoding);
   }
@@ -110,7 +110,7 @@ TEST(UcxTest, AutoFallsBackToGrpcWhenUcxCannotStart) {
   EXPECT_NE(err.find("UCX cannot start"), std::string::npos) << err;
   EXPECT_FALSE(strict.ok());  // asked for UCX explicitly: an error, not a fallback
   ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
-  auto weights = (*cluster)->ReadMasterWeights();
+  auto weights = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(weights.ok()) << weights.status();
   EXPECT_TRUE(BitIdentical(*weights, Reference(job, WireEncoding::kFp32, kSteps)));
 }
@@ -163,7 +163,7 @@ TEST(UcxTest, PeerThatDidNotJoinIsRefusedAndChangesNothing) {
   auto client = (*cluster)->Connect(0, WireEncoding::kFp32, "ucx");
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
-  auto trained = (*cluster)->ReadMasterWeights();
+  auto trained = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(trained.ok()) << trained.status();
   EXPECT_TRUE(BitIdentical(*trained, Reference(job, WireEncoding::kFp32, kSteps)));
 }

@@ -41,11 +41,12 @@ absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, Wir
   return ShardClient::Connect(options);
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> LocalCluster::ReadMasterWeights() const {
+absl::StatusOr<std::vector<std::vector<float>>> LocalCluster::ReadMasterWeights(
+    std::optional<int64_t> version) const {
   ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> client, Connect(-1, WireEncoding::kFp32));
   std::vector<std::vector<float>> out;
   for (size_t u = 0; u < client->layout().spec.units.size(); ++u) {
-    ASSIGN_OR_RETURN(std::vector<float> unit, client->ReadMasterUnit(static_cast<int>(u)));
+    ASSIGN_OR_RETURN(std::vector<float> unit, client->ReadMasterUnit(static_cast<int>(u), version));
     out.push_back(std::move(unit));
   }
   return out;

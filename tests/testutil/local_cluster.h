@@ -3,6 +3,7 @@
 #define PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,11 @@ class LocalCluster {
   /// whose links use `transport` ("grpc", "ucx", "auto").
   absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncoding encoding,
                                                        const std::string& transport = "grpc") const;
-  /// Every unit's fp32 master weights, unpadded, read through the protocol.
-  absl::StatusOr<std::vector<std::vector<float>>> ReadMasterWeights() const;
+  /// Every unit's fp32 master weights, unpadded, read through the protocol;
+  /// with `version`, once every unit is published at it (a trainer's last
+  /// step returns before the servers have applied it).
+  absl::StatusOr<std::vector<std::vector<float>>> ReadMasterWeights(
+      std::optional<int64_t> version = std::nullopt) const;
 
  private:
   std::vector<std::unique_ptr<ShardServer>> servers_;
