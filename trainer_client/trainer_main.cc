@@ -182,10 +182,11 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
-                "prefetch %d; links %s; %.1f MiB of activations per trainer%s\n",
+                "prefetch %d; %s to shard 0, links %s; %.1f MiB of activations per trainer%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
-                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth, copts.link.ToString().c_str(),
+                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
+                (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(),
                 (*trainer)->model().ActivationBytes() / 1048576.0,
                 topts.recompute_blocks ? " (blocks recomputed in backward)" : "");
     std::fflush(stdout);
