@@ -50,20 +50,9 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding 
 }
 
 std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding) {
-  auto ref = ReferenceTraining::Create(job, encoding, Tiny(), &TestCorpus());
-  EXPECT_TRUE(ref.ok()) << ref.status();
-  for (int64_t step = 0; step < kSteps; ++step) EXPECT_TRUE(ref->Step(step).ok());
-  return ref->MasterWeights();
-}
-
-bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size() || a.empty()) return false;
-  for (size_t u = 0; u < a.size(); ++u) {
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * sizeof(float)) != 0) {
-      return false;
-    }
-  }
-  return true;
+  auto weights = TrainReference(job, encoding, Tiny(), TestCorpus(), kSteps);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  return weights.ok() ? *weights : std::vector<std::vector<float>>();
 }
 
 struct Case {

@@ -44,15 +44,6 @@ JobConfig TinyJob() { return TinyGptJob(kShards, kTrainers, 5); }
 TrainerOptions TinyTrainer() { return TinyTrainerOptions(7); }
 
 
-bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t u = 0; u < a.size(); ++u) {
-    if (a[u].size() != b[u].size()) return false;
-    if (std::memcmp(a[u].data(), b[u].data(), a[u].size() * sizeof(float)) != 0) return false;
-  }
-  return true;
-}
-
 // The chunks of one fp32 gradient slice as a well-behaved client sends them.
 std::vector<v1::PushChunk> SliceChunks(int rank, int64_t step, int unit, std::span<const float> slice) {
   std::vector<v1::PushChunk> chunks;

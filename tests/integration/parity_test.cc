@@ -43,13 +43,9 @@ void ExpectBitIdentical(const std::vector<std::vector<float>>& got,
 }
 
 std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding) {
-  auto ref = ReferenceTraining::Create(job, encoding, TinyTrainer(), &TestCorpus());
-  EXPECT_TRUE(ref.ok()) << ref.status();
-  for (int64_t step = 0; step < kSteps; ++step) {
-    absl::Status s = ref->Step(step);
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  return ref->MasterWeights();
+  auto weights = TrainReference(job, encoding, TinyTrainer(), TestCorpus(), kSteps);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  return weights.ok() ? *weights : std::vector<std::vector<float>>();
 }
 
 struct ParityCase {

@@ -1,6 +1,7 @@
 #include "tests/testutil/reference_training.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "common/reduction_tree.h"
 #include "common/status_macros.h"
@@ -121,6 +122,24 @@ std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
     out.emplace_back(master_[u].begin(), master_[u].begin() + layout_.spec.units[u].numel);
   }
   return out;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncoding encoding,
+                                                              const TrainerOptions& trainer,
+                                                              const TokenDataset& data, int64_t steps) {
+  ASSIGN_OR_RETURN(ReferenceTraining ref, ReferenceTraining::Create(job, encoding, trainer, &data));
+  for (int64_t step = 0; step < steps; ++step) RETURN_IF_ERROR(ref.Step(step));
+  return ref.MasterWeights();
+}
+
+bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  for (size_t u = 0; u < a.size(); ++u) {
+    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace pshard::testing

@@ -49,6 +49,14 @@ class ReferenceTraining {
   int64_t skipped_ = 0;
 };
 
+/// Master weights after unsharded training of steps 0..steps-1.
+absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncoding encoding,
+                                                              const TrainerOptions& trainer,
+                                                              const TokenDataset& data, int64_t steps);
+
+/// True when both hold the same units with the same bits (and are not empty).
+bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b);
+
 }  // namespace pshard::testing
 
 #endif  // PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
