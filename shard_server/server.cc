@@ -1,8 +1,14 @@
 #include "shard_server/server.h"
 
+#include <atomic>
 #include <cstdio>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "shard_server/checkpoint.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -34,6 +40,9 @@ struct ShardServer::Impl {
   std::unique_ptr<StepDriver> driver;
   absl::Notification shutdown;
   bool stopped = false;
+  std::string checkpoint_dir;
+  int checkpoint_keep = 2;
+  std::atomic<int64_t> saved_step{-1};  // the newest step on disk, -1: none
 };
 
 namespace {
@@ -71,6 +80,34 @@ absl::StatusOr<StepNorm> AgreeRemotely(v1::ShardService::Stub* stub, const Shard
   return StepNorm{agreement.total_sum_of_squares(), agreement.non_finite()};
 }
 
+// Restores the newest checkpoint of this shard (or `resume_step`'s); the
+// path restored, "" when there is none to restore.
+absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServer::Spec& spec) {
+  const std::vector<int64_t> steps = ListCheckpointSteps(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards);
+  int64_t step = -1;
+  if (spec.resume_step >= 0) {
+    if (std::find(steps.begin(), steps.end(), spec.resume_step) == steps.end()) {
+      return absl::NotFoundError(absl::StrCat("no checkpoint of step ", spec.resume_step, " for shard ",
+                                              spec.shard_index, " of ", spec.job.num_shards, " in ",
+                                              spec.checkpoint_dir, " (steps there: ",
+                                              steps.empty() ? "none" : absl::StrJoin(steps, ", "), ")"));
+    }
+    step = spec.resume_step;
+  } else if (!steps.empty()) {
+    step = steps.back();
+  }
+  if (step < 0) return std::string();
+  const std::string path = (std::filesystem::path(spec.checkpoint_dir) /
+                            CheckpointFileName(spec.shard_index, spec.job.num_shards, step))
+                               .string();
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
+  if (checkpoint.header.step != step) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " says step ", checkpoint.header.step));
+  }
+  RETURN_IF_ERROR(state.RestoreCheckpoint(std::move(checkpoint)));
+  return path;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
@@ -85,9 +122,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
                                                    " bytes; raise it or lower the chunk size"));
   }
   std::unique_ptr<ShardServer> server(new ShardServer());
+  if (spec.checkpoint_every < 0 || spec.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint interval ", spec.checkpoint_every, " and count kept ",
+                                                   spec.checkpoint_keep, ": need interval >= 0, count >= 1"));
+  }
+  if (spec.checkpoint_dir.empty() && spec.resume_step >= 0) {
+    return absl::InvalidArgumentError("a resume step needs a checkpoint folder");
+  }
   ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
+  impl.checkpoint_keep = spec.checkpoint_keep;
+  if (!spec.checkpoint_dir.empty()) {
+    ASSIGN_OR_RETURN(server->restored_from_, RestoreFromFolder(*server->state_, spec));
+    if (!server->restored_from_.empty()) impl.saved_step = server->state_->current_step();
+  }
   std::vector<std::string> transports = {"grpc"};
   if (PSHARD_WITH_UCX && spec.enable_ucx) transports.push_back("ucx");
   impl.metrics = std::make_unique<ServerMetrics>(server->registry_, spec.shard_index, spec.job.num_trainers,
@@ -154,12 +203,44 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
       return AgreeRemotely(stub, *state, fingerprint, step, partial, deadline);
     };
   }
-  impl.driver =
-      std::make_unique<StepDriver>(server->state_.get(), std::move(agree), spec.step_timeout, impl.metrics.get());
+  StepDriver::AfterStepFn after_step;
+  if (!spec.checkpoint_dir.empty() && spec.checkpoint_every > 0) {
+    after_step = [server = server.get(), every = spec.checkpoint_every](const StepOutcome& outcome) {
+      if ((outcome.step + 1) % every == 0) server->SaveCheckpoint();
+    };
+  }
+  // Only a server that started (and restored) writes checkpoints: one that
+  // failed must not put its fresh state next to the files it refused.
+  impl.checkpoint_dir = spec.checkpoint_dir;
+  impl.driver = std::make_unique<StepDriver>(server->state_.get(), std::move(agree), spec.step_timeout,
+                                             impl.metrics.get(), std::move(after_step));
   return server;
 }
 
 ShardServer::~ShardServer() { Shutdown(absl::ZeroDuration()); }
+
+void ShardServer::SaveCheckpoint() {
+  Impl& impl = *impl_;
+  const int64_t step = state_->current_step();
+  // Step 0 is the seed's initialisation: nothing to keep.
+  if (impl.checkpoint_dir.empty() || step == 0 || impl.saved_step.load() == step) return;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> path = state_->SaveCheckpoint(impl.checkpoint_dir, impl.checkpoint_keep);
+  if (!path.ok()) {
+    // Training goes on; the previous checkpoints stay.
+    std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", state_->shard_index(),
+                 static_cast<long long>(step), path.status().ToString().c_str());
+    return;
+  }
+  impl.saved_step = step;
+  if (impl.metrics) {
+    impl.metrics->checkpoint_step.Set(static_cast<double>(step));
+    impl.metrics->checkpoint_write_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::fprintf(stderr, "pshard-server: shard %d: checkpoint of step %lld written to %s (%.0f ms)\n",
+               state_->shard_index(), static_cast<long long>(step), path->c_str(),
+               absl::ToDoubleMilliseconds(absl::Now() - start));
+}
 
 int ShardServer::metrics_port() const {
   return impl_ && impl_->metrics_server ? impl_->metrics_server->port() : 0;
@@ -179,7 +260,8 @@ void ShardServer::Wait() { impl_->shutdown.WaitForNotification(); }
 void ShardServer::Shutdown(absl::Duration grace) {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
-  impl_->driver.reset();
+  impl_->driver.reset();  // no step is being applied from here on
+  SaveCheckpoint();
   if (impl_->server) {  // absent when Start failed part-way
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     impl_->server->Wait();

@@ -31,6 +31,15 @@ class ShardServer {
     /// Serve fetches and pushes over UCX too (when this build has UCX); if
     /// UCX fails to start, the server warns and serves gRPC only.
     bool enable_ucx = true;
+    /// Folder of this shard's checkpoints; empty: none are written or read.
+    /// At start the newest one there (or `resume_step`'s) is restored.
+    std::string checkpoint_dir;
+    /// Write a checkpoint every this many steps (0: only at shutdown).
+    int64_t checkpoint_every = 0;
+    /// Checkpoints kept per shard (older ones are removed).
+    int checkpoint_keep = 2;
+    /// Restore exactly this step's checkpoint (-1: the newest, if any).
+    int64_t resume_step = -1;
   };
 
   /// Builds the state, binds, and starts serving and stepping.
@@ -45,9 +54,16 @@ class ShardServer {
   std::string ucx_address() const;
   /// Port of the /metrics endpoint, 0 when there is none.
   int metrics_port() const;
+  /// Writes the state at the current step to the checkpoint folder (a no-op
+  /// without one, or when that step is on disk already). Call between
+  /// steps: the step driver does after each `checkpoint_every` steps.
+  void SaveCheckpoint();
   /// Blocks until Shutdown() is called from another thread.
   void Wait();
-  /// Stops serving: in-flight calls are cancelled after `grace`.
+  /// The checkpoint restored at start ("" when the state was initialised).
+  const std::string& restored_from() const { return restored_from_; }
+  /// Stops serving: in-flight calls are cancelled after `grace`; with a
+  /// checkpoint folder, the state is written there unless it already is.
   void Shutdown(absl::Duration grace = absl::Seconds(1));
 
  private:
@@ -57,6 +73,7 @@ class ShardServer {
   std::unique_ptr<ShardState> state_;
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
+  std::string restored_from_;
   std::string host_;
 };
 

@@ -46,6 +46,11 @@ ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
           "how long a step waits before reporting what it misses");
 ABSL_FLAG(bool, ucx, true,
           "also serve fetches and pushes over UCX (when built with UCX); trainers choose per link");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "folder for this shard's checkpoints; the newest there is restored at start (empty: none)");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "write a checkpoint every this many steps (0: only at shutdown)");
+ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard");
+ABSL_FLAG(int64_t, resume_step, -1, "restore this step's checkpoint instead of the newest (-1: newest)");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
 
 int main(int argc, char** argv) {
@@ -84,6 +89,10 @@ int main(int argc, char** argv) {
   spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   spec.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   spec.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  spec.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  spec.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  spec.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  spec.resume_step = absl::GetFlag(FLAGS_resume_step);
 
   absl::StatusOr<std::unique_ptr<pshard::ShardServer>> server = pshard::ShardServer::Start(spec);
   if (!server.ok()) {
@@ -98,6 +107,10 @@ int main(int argc, char** argv) {
                spec.shard_index, spec.job.num_shards, running->address().c_str(), running->metrics_port(),
                static_cast<long long>(running->state().layout().spec.TotalParameters()),
                counters.state_bytes / 1048576.0);
+  if (!running->restored_from().empty()) {
+    std::fprintf(stderr, "pshard-server: shard %d resumed at step %lld from %s\n", spec.shard_index,
+                 static_cast<long long>(running->state().current_step()), running->restored_from().c_str());
+  }
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
     std::ofstream(tmp) << running->port() << "\n" << running->metrics_port() << "\n";

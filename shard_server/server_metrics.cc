@@ -63,7 +63,14 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       expected_state_bytes(r.AddGauge("pshard_server_expected_state_bytes",
                                       "16 bytes per parameter over the number of shards: mixed-precision AdamW "
                                       "state as ZeRO counts it.")
-                               .Add(Shard(shard))) {
+                               .Add(Shard(shard))),
+      checkpoint_step(r.AddGauge("pshard_server_checkpoint_step",
+                                 "Step of the newest checkpoint this shard wrote (-1: none yet).")
+                          .Add(Shard(shard))),
+      checkpoint_write_seconds(r.AddCounter("pshard_server_checkpoint_write_seconds_total",
+                                            "Time spent writing checkpoints.")
+                                   .Add(Shard(shard))) {
+  checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (const std::string& transport : transports) {
     TransportBytes& bytes = bytes_.emplace_back(TransportBytes{transport, {}, {}});

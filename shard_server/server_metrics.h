@@ -53,6 +53,8 @@ class ServerMetrics {
   metrics::Gauge& state_v_bytes;
   metrics::Gauge& state_grad_bytes;
   metrics::Gauge& expected_state_bytes;
+  metrics::Gauge& checkpoint_step;
+  metrics::Counter& checkpoint_write_seconds;
   std::vector<metrics::Gauge*> unit_version;
 
  private:

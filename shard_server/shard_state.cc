@@ -329,6 +329,92 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
   return StepOutcome{step, skip, norm, adam.lr, norms.update_sum_of_squares, norms.weight_sum_of_squares};
 }
 
+std::string ShardState::LayoutDescription() const {
+  const GptConfig& m = job_.model;
+  return absl::StrCat("layers=", m.num_layers, " d_model=", m.d_model, " heads=", m.num_heads,
+                      " context=", m.context, " vocab=", m.vocab, " shards=", job_.num_shards,
+                      " alignment=", job_.slice_alignment);
+}
+
+absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep) const {
+  CheckpointHeader header;
+  header.layout = LayoutDescription();
+  header.shard_index = shard_index_;
+  header.num_shards = job_.num_shards;
+  {
+    absl::MutexLock lock(&step_mu_);
+    header.step = step_;
+    header.applied_updates = applied_updates_;
+    header.skipped_steps = skipped_steps_;
+  }
+  // Readers only: fetches go on while the file is written.
+  std::vector<std::unique_ptr<absl::ReaderMutexLock>> locks;
+  std::vector<CheckpointUnitView> views;
+  for (const auto& unit : units_) {
+    locks.push_back(std::make_unique<absl::ReaderMutexLock>(&unit->mu));
+    if (unit->version != header.step) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", header.step, ": a unit is at version ",
+                                                        unit->version, " (a step is being applied)"));
+    }
+    views.push_back(CheckpointUnitView{unit->master, unit->m, unit->v});
+  }
+  return WriteCheckpoint(dir, header, views, keep);
+}
+
+absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
+  const CheckpointHeader& h = checkpoint.header;
+  if (h.shard_index != shard_index_ || h.num_shards != job_.num_shards) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, " belongs to shard ",
+                                                      h.shard_index, " of ", h.num_shards, ", not shard ",
+                                                      shard_index_, " of ", job_.num_shards));
+  }
+  if (h.layout != LayoutDescription()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, " holds a model of ", h.layout,
+                                                      "; this server runs ", LayoutDescription()));
+  }
+  if (checkpoint.units.size() != units_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, " has ",
+                                                      checkpoint.units.size(), " units; the model has ",
+                                                      units_.size()));
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (static_cast<int64_t>(checkpoint.units[u].master.size()) != slice_length(static_cast<int>(u))) {
+      return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, ": unit ", u, " has ",
+                                                        checkpoint.units[u].master.size(), " elements, expected ",
+                                                        slice_length(static_cast<int>(u))));
+    }
+  }
+  if (h.step < 0 || h.applied_updates < 0 || h.skipped_steps < 0 || h.applied_updates + h.skipped_steps > h.step) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, ": inconsistent counts (step ",
+                                                      h.step, ", ", h.applied_updates, " updates, ",
+                                                      h.skipped_steps, " skipped)"));
+  }
+  {
+    absl::MutexLock step_lock(&step_mu_);
+    if (step_ != 0 || units_complete_ != 0) {
+      return absl::FailedPreconditionError("a checkpoint can only be restored before training starts");
+    }
+  }
+  // Before serving, so nothing races these writes; units' locks are taken
+  // before the step lock, as ApplyStep does.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& unit = *units_[u];
+    absl::MutexLock unit_lock(&unit.mu);
+    unit.master = std::move(checkpoint.units[u].master);
+    unit.m = std::move(checkpoint.units[u].m);
+    unit.v = std::move(checkpoint.units[u].v);
+    unit.version = h.step;
+    absl::MutexLock step_lock(&step_mu_);
+    unit.reduce_step = h.step;
+    unit.Publish();
+  }
+  absl::MutexLock step_lock(&step_mu_);
+  step_ = h.step;
+  applied_updates_ = h.applied_updates;
+  skipped_steps_ = h.skipped_steps;
+  return absl::OkStatus();
+}
+
 std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit) const {
   const UnitState& u = *units_[unit];
   absl::ReaderMutexLock lock(&u.mu);

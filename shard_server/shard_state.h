@@ -22,6 +22,7 @@
 #include "common/deadline_timer.h"
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
+#include "shard_server/checkpoint.h"
 
 namespace pshard {
 
@@ -121,6 +122,18 @@ class ShardState {
   std::pair<int64_t, std::vector<float>> ReadMaster(int unit) const;
   /// What the current step still waits for, in words.
   std::string DescribeWait() const;
+
+  // ---- checkpoints (call between steps: from the step driver, or before
+  // serving / after it stopped) ----
+  /// The partition this shard's slices belong to, in words; a checkpoint
+  /// restores only onto the same.
+  std::string LayoutDescription() const;
+  /// Writes this shard's master slices and moments at the current step into
+  /// `dir`, keeping the newest `keep` checkpoints; returns the file's path.
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep) const;
+  /// Replaces the state with a checkpoint's (same shard, shard count and
+  /// layout, or an error that names what differs and changes nothing).
+  absl::Status RestoreCheckpoint(Checkpoint checkpoint);
 
   struct Counters {
     int64_t applied_updates = 0;

@@ -13,11 +13,13 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 constexpr absl::Duration kAgreeRound = absl::Seconds(1);
 }  // namespace
 
-StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics)
+StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics,
+                       AfterStepFn after_step)
     : state_(state),
       agree_(std::move(agree)),
       step_timeout_(step_timeout),
       metrics_(metrics),
+      after_step_(std::move(after_step)),
       thread_([this] { Run(); }) {}
 
 StepDriver::~StepDriver() {
@@ -69,6 +71,7 @@ void StepDriver::Run() {
     const absl::Time update_start = absl::Now();
     const StepOutcome outcome = state_->ApplyStep(*agreed);
     Record(outcome, agree_start - wait_start, update_start - agree_start, absl::Now() - update_start);
+    if (after_step_) after_step_(outcome);
   }
 }
 

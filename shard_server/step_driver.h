@@ -20,12 +20,16 @@ class StepDriver {
   /// `deadline`. Called from the driver thread only.
   using AgreeFn = std::function<absl::StatusOr<StepNorm>(int64_t step, const StepNorm& partial,
                                                          absl::Time deadline)>;
+  /// Runs on the driver thread after each step is applied and published,
+  /// before the next one closes (checkpoints are written here).
+  using AfterStepFn = std::function<void(const StepOutcome& outcome)>;
 
   /// Starts the thread. `state` must outlive the driver. `step_timeout` is
   /// how long a step may wait for contributions or for the norm before the
   /// driver logs what it is missing (it then keeps waiting).
-  /// `metrics` may be null.
-  StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics);
+  /// `metrics` and `after_step` may be null.
+  StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics,
+             AfterStepFn after_step = nullptr);
   /// Stops the thread (between waits; an agreement in progress is abandoned).
   ~StepDriver();
 
@@ -38,6 +42,7 @@ class StepDriver {
   const AgreeFn agree_;
   const absl::Duration step_timeout_;
   ServerMetrics* const metrics_;
+  const AfterStepFn after_step_;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc_util.h"
@@ -123,6 +124,37 @@ absl::StatusOr<v1::JoinResponse> JoinOne(v1::ShardService::Stub* stub, const std
   }
 }
 
+// Servers of one job are at the same step, or one apart for the moment a
+// step is being published. Waits (briefly) for them to agree; a lasting
+// difference means they were restored from checkpoints of different steps.
+absl::StatusOr<int64_t> AgreedStep(const std::vector<v1::ShardService::Stub*>& stubs,
+                                   const std::vector<std::string>& addresses, std::vector<int64_t> steps) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (true) {
+    const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
+    if (*lo == *hi) return *hi;
+    if (absl::Now() >= give_up) {
+      std::vector<std::string> where;
+      for (size_t i = 0; i < steps.size(); ++i) where.push_back(absl::StrCat(addresses[i], " at ", steps[i]));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the shard servers are at different steps (", absl::StrJoin(where, ", "),
+          "): they were restored from checkpoints of different steps; restart them with "
+          "--resume_step set to a step every shard has"));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+    for (size_t i = 0; i < stubs.size(); ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      v1::StatusRequest request;
+      v1::StatusResponse response;
+      if (grpc::Status s = stubs[i]->GetStatus(&ctx, request, &response); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("status of ", addresses[i], ": ", s.error_message()));
+      }
+      steps[i] = response.current_step();
+    }
+  }
+}
+
 }  // namespace
 
 ShardClient::ShardClient(Options options)
@@ -150,6 +182,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   args.SetMaxReceiveMessageSize(64 << 20);
   uint64_t fingerprint = 0;
   bool first = true;
+  std::vector<int64_t> joined_steps(n, 0);
   for (const std::string& address : options.server_addresses) {
     auto stub = v1::ShardService::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
@@ -173,12 +206,21 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
           address, " runs a different job from ", options.server_addresses[0],
           " (model, optimizer, seed or counts differ)"));
     }
-    client->joined_step_ = std::max<int64_t>(client->joined_step_, joined.current_step());
+    joined_steps[index] = joined.current_step();
     client->shards_[index] = std::make_unique<Shard>();
     client->shards_[index]->address = address;
     client->shards_[index]->stub = std::move(stub);
     client->shards_[index]->ucx_address = joined.ucx_address();
     client->shards_[index]->session_token = joined.session_token();
+  }
+  {
+    std::vector<v1::ShardService::Stub*> stubs;
+    std::vector<std::string> addresses;
+    for (const auto& shard : client->shards_) {
+      stubs.push_back(shard->stub.get());
+      addresses.push_back(shard->address);
+    }
+    ASSIGN_OR_RETURN(client->joined_step_, AgreedStep(stubs, addresses, std::move(joined_steps)));
   }
   RETURN_IF_ERROR(client->CreateTransports());
   if (options.trainer_rank >= client->job_.num_trainers) {

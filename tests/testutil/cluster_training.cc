@@ -42,7 +42,7 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
     if (how.group_size > 1) options.group = groups[r / how.group_size][r % how.group_size].get();
     absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(client->get(), &data, options);
     if (!trainer.ok()) return trainer.status();
-    for (int64_t step = 0; step < how.steps; ++step) {
+    for (int64_t step = how.first_step; step < how.steps; ++step) {
       absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
       if (!report.ok()) return report.status();
     }

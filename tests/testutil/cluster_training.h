@@ -20,10 +20,11 @@ struct ClusterTraining {
   std::string transport = "grpc";  ///< every link must end up on it
   TrainerOptions trainer;          ///< `group` is set per trainer when group_size > 1
   int group_size = 1;              ///< > 1: host fabric groups of consecutive ranks
-  int64_t steps = 1;
+  int64_t first_step = 0;
+  int64_t steps = 1;  ///< train until this step (exclusive)
 };
 
-/// Trains steps 0..steps-1 with trainers 0..M-1 of `cluster`'s job, each in
+/// Trains steps first_step..steps-1 with trainers 0..M-1 of `cluster`'s job, each in
 /// a thread. The first error of any trainer, naming it.
 absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const TokenDataset& data,
                             const ClusterTraining& how);

@@ -17,6 +17,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.max_message_bytes = options.max_message_bytes;
     spec.fetch_chunk_bytes = options.fetch_chunk_bytes;
     spec.metrics_address = options.metrics_address;
+    spec.checkpoint_dir = options.checkpoint_dir;
+    spec.checkpoint_every = options.checkpoint_every;
+    spec.resume_step = options.resume_step;
     ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
     cluster->servers_.push_back(std::move(server));
   }

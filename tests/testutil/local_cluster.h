@@ -23,6 +23,9 @@ class LocalCluster {
     int max_message_bytes = 4 << 20;
     int64_t fetch_chunk_bytes = 1 << 20;
     std::string metrics_address;  ///< e.g. "127.0.0.1:0"; empty: no endpoint
+    std::string checkpoint_dir;   ///< shared by the shards (file names differ)
+    int64_t checkpoint_every = 0;
+    int64_t resume_step = -1;
   };
   /// Starts shard 0 (the coordinator) and then shards 1..N-1.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job, Options options);

@@ -1,0 +1,234 @@
+#include "shard_server/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "common/checksum.h"
+
+namespace pshard {
+namespace {
+
+constexpr char kMagic[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '1'};
+// Guards against absurd lengths in a damaged file before allocating.
+constexpr int64_t kMaxLayoutBytes = 4096;
+constexpr int64_t kMaxUnits = 1 << 20;
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+// Writes bytes and folds them into the running CRC.
+class Writer {
+ public:
+  Writer(std::FILE* f, std::string path) : f_(f), path_(std::move(path)) {}
+  absl::Status Put(const void* data, size_t size) {
+    if (size == 0) return absl::OkStatus();
+    if (std::fwrite(data, 1, size, f_) != size) return ErrnoError("cannot write", path_);
+    crc_ = Crc32c(data, size, crc_);
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::Status PutValue(T value) {
+    return Put(&value, sizeof(value));
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::FILE* f_;
+  std::string path_;
+  uint32_t crc_ = 0;
+};
+
+class Reader {
+ public:
+  Reader(std::FILE* f, std::string path) : f_(f), path_(std::move(path)) {}
+  absl::Status Get(void* data, size_t size) {
+    if (size == 0) return absl::OkStatus();
+    if (std::fread(data, 1, size, f_) != size) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path_, " is truncated"));
+    }
+    crc_ = Crc32c(data, size, crc_);
+    return absl::OkStatus();
+  }
+  template <typename T>
+  absl::StatusOr<T> GetValue() {
+    T value;
+    if (absl::Status s = Get(&value, sizeof(value)); !s.ok()) return s;
+    return value;
+  }
+  uint32_t crc() const { return crc_; }
+
+ private:
+  std::FILE* f_;
+  std::string path_;
+  uint32_t crc_ = 0;
+};
+
+absl::Status WriteAll(Writer& w, const CheckpointHeader& header, std::span<const CheckpointUnitView> units) {
+  if (absl::Status s = w.Put(kMagic, sizeof(kMagic)); !s.ok()) return s;
+  if (absl::Status s = w.PutValue<uint32_t>(static_cast<uint32_t>(header.layout.size())); !s.ok()) return s;
+  if (absl::Status s = w.Put(header.layout.data(), header.layout.size()); !s.ok()) return s;
+  for (const int32_t v : {header.shard_index, header.num_shards}) {
+    if (absl::Status s = w.PutValue(v); !s.ok()) return s;
+  }
+  for (const int64_t v : {header.step, header.applied_updates, header.skipped_steps}) {
+    if (absl::Status s = w.PutValue(v); !s.ok()) return s;
+  }
+  if (absl::Status s = w.PutValue<int32_t>(static_cast<int32_t>(units.size())); !s.ok()) return s;
+  for (const CheckpointUnitView& unit : units) {
+    if (unit.m.size() != unit.master.size() || unit.v.size() != unit.master.size()) {
+      return absl::InternalError("checkpoint: a unit's master and moments differ in length");
+    }
+    if (absl::Status s = w.PutValue<int64_t>(static_cast<int64_t>(unit.master.size())); !s.ok()) return s;
+    for (const std::span<const float> part : {unit.master, unit.m, unit.v}) {
+      if (absl::Status s = w.Put(part.data(), part.size_bytes()); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Parses "shard-<i>-of-<n>.step-<s>.ckpt"; the step, or nullopt.
+std::optional<int64_t> StepOfName(const std::string& name, int shard, int num_shards) {
+  const std::string prefix = absl::StrFormat("shard-%d-of-%d.step-", shard, num_shards);
+  if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".ckpt")) return std::nullopt;
+  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
+  int64_t step = 0;
+  if (digits.empty() || !absl::SimpleAtoi(digits, &step) || step < 0) return std::nullopt;
+  return step;
+}
+
+}  // namespace
+
+std::string CheckpointFileName(int shard, int num_shards, int64_t step) {
+  return absl::StrFormat("shard-%d-of-%d.step-%010d.ckpt", shard, num_shards, step);
+}
+
+std::vector<int64_t> ListCheckpointSteps(const std::string& dir, int shard, int num_shards) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file()) continue;
+    if (auto step = StepOfName(entry.path().filename().string(), shard, num_shards)) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointHeader& header,
+                                            std::span<const CheckpointUnitView> units, int keep) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint folder ", dir, ": ", ec.message()));
+  const std::string path =
+      (std::filesystem::path(dir) / CheckpointFileName(header.shard_index, header.num_shards, header.step)).string();
+  const std::string tmp = path + ".partial";
+  {
+    File f(std::fopen(tmp.c_str(), "wb"));
+    if (!f) return ErrnoError("cannot create", tmp);
+    Writer w(f.get(), tmp);
+    absl::Status s = WriteAll(w, header, units);
+    if (s.ok()) s = w.PutValue<uint32_t>(w.crc());
+    if (s.ok() && std::fflush(f.get()) != 0) s = ErrnoError("cannot write", tmp);
+    if (s.ok() && ::fsync(::fileno(f.get())) != 0) s = ErrnoError("cannot sync", tmp);
+    if (!s.ok()) {
+      f.reset();
+      std::remove(tmp.c_str());
+      return s;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const absl::Status s = ErrnoError("cannot rename checkpoint to", path);
+    std::remove(tmp.c_str());
+    return s;
+  }
+  // Make the rename itself durable.
+  if (const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::vector<int64_t> steps = ListCheckpointSteps(dir, header.shard_index, header.num_shards);
+  const int surplus = static_cast<int>(steps.size()) - std::max(keep, 1);
+  for (int i = 0; i < surplus; ++i) {
+    if (steps[i] == header.step) continue;
+    std::filesystem::remove(
+        std::filesystem::path(dir) / CheckpointFileName(header.shard_index, header.num_shards, steps[i]), ec);
+  }
+  return path;
+}
+
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(errno)));
+  Reader r(f.get(), path);
+  Checkpoint out;
+  out.path = path;
+  char magic[sizeof(kMagic)];
+  if (absl::Status s = r.Get(magic, sizeof(magic)); !s.ok()) return s;
+  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, " is not a pshard checkpoint (bad magic)"));
+  }
+  auto corrupt = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: ", what));
+  };
+  absl::StatusOr<uint32_t> layout_len = r.GetValue<uint32_t>();
+  if (!layout_len.ok()) return layout_len.status();
+  if (*layout_len > kMaxLayoutBytes) return corrupt("layout description too long");
+  out.header.layout.resize(*layout_len);
+  if (absl::Status s = r.Get(out.header.layout.data(), *layout_len); !s.ok()) return s;
+  for (int32_t* v : {&out.header.shard_index, &out.header.num_shards}) {
+    absl::StatusOr<int32_t> got = r.GetValue<int32_t>();
+    if (!got.ok()) return got.status();
+    *v = *got;
+  }
+  for (int64_t* v : {&out.header.step, &out.header.applied_updates, &out.header.skipped_steps}) {
+    absl::StatusOr<int64_t> got = r.GetValue<int64_t>();
+    if (!got.ok()) return got.status();
+    *v = *got;
+  }
+  absl::StatusOr<int32_t> num_units = r.GetValue<int32_t>();
+  if (!num_units.ok()) return num_units.status();
+  if (*num_units < 0 || *num_units > kMaxUnits) return corrupt("unit count out of range");
+  // Lengths are checked against the file size before allocating.
+  std::error_code ec;
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  out.units.resize(*num_units);
+  for (CheckpointUnit& unit : out.units) {
+    absl::StatusOr<int64_t> length = r.GetValue<int64_t>();
+    if (!length.ok()) return length.status();
+    if (*length < 0) return corrupt("negative slice length");
+    if (*length * 12 > file_bytes) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", path, " is truncated: a unit declares ", *length,
+                                              " elements, more than the file holds"));
+    }
+    for (std::vector<float>* part : {&unit.master, &unit.m, &unit.v}) {
+      part->resize(*length);
+      if (absl::Status s = r.Get(part->data(), part->size() * sizeof(float)); !s.ok()) return s;
+    }
+  }
+  const uint32_t computed = r.crc();
+  uint32_t stored = 0;
+  if (std::fread(&stored, 1, sizeof(stored), f.get()) != sizeof(stored)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is truncated"));
+  }
+  if (stored != computed) return corrupt("CRC-32C mismatch");
+  if (std::fgetc(f.get()) != EOF) return corrupt("trailing bytes after the checksum");
+  return out;
+}
+
+}  // namespace pshard

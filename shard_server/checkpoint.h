@@ -1,0 +1,65 @@
+// Shard checkpoints: one file per shard and step holding the shard's fp32
+// master slices and AdamW moments, written atomically (temporary file,
+// fsync, rename) and checked by CRC-32C when read back. A checkpoint binds
+// to the model's layout (shape, shard count, alignment), not to the
+// optimizer's settings or the trainer count, so a job may resume with a new
+// learning rate or more trainers, but never onto a different partition.
+#ifndef PSHARD_SHARD_SERVER_CHECKPOINT_H_
+#define PSHARD_SHARD_SERVER_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pshard {
+
+struct CheckpointHeader {
+  /// The layout the slices belong to, in words ("layers=4 d_model=128 ...").
+  std::string layout;
+  int32_t shard_index = 0;
+  int32_t num_shards = 1;
+  int64_t step = 0;  ///< the step the shard was about to reduce (= the version published)
+  int64_t applied_updates = 0;
+  int64_t skipped_steps = 0;
+};
+
+/// One unit's slice state, borrowed for writing.
+struct CheckpointUnitView {
+  std::span<const float> master, m, v;
+};
+
+/// One unit's slice state, owned after reading.
+struct CheckpointUnit {
+  std::vector<float> master, m, v;
+};
+
+struct Checkpoint {
+  CheckpointHeader header;
+  std::vector<CheckpointUnit> units;
+  std::string path;
+};
+
+/// File name of shard `shard` of `num_shards` at `step` (zero-padded so
+/// names sort by step).
+std::string CheckpointFileName(int shard, int num_shards, int64_t step);
+
+/// Writes the checkpoint into `dir` (created if missing) and then removes
+/// this shard's older checkpoints beyond the newest `keep`. Returns the path.
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointHeader& header,
+                                            std::span<const CheckpointUnitView> units, int keep);
+
+/// Reads and verifies one checkpoint file.
+absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
+
+/// Steps of this shard's checkpoints in `dir`, ascending (empty when none or
+/// no such folder).
+std::vector<int64_t> ListCheckpointSteps(const std::string& dir, int shard, int num_shards);
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_CHECKPOINT_H_

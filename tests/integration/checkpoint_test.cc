@@ -1,0 +1,234 @@
+// Shard checkpoints: the file round-trips and refuses damage; a job stopped
+// and restarted from its checkpoints ends bit-identical to one that never
+// stopped; restoring onto a different model, a missing step or shards at
+// different steps fails with an error that says so.
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "shard_server/checkpoint.h"
+#include "tests/testutil/cluster_training.h"
+#include "tests/testutil/local_cluster.h"
+#include "tests/testutil/reference_training.h"
+#include "tests/testutil/tiny_job.h"
+
+namespace pshard::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    absl::StrCat("pshard_ckpt_", name, "_", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::vector<char> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size());
+}
+
+TEST(CheckpointFile, RoundTripsExactly) {
+  const std::string dir = FreshDir("roundtrip");
+  std::vector<float> a = {1.5f, -2.25f, 3e-20f}, am = {0.1f, 0.2f, 0.3f}, av = {1e-8f, 2e-8f, 3e-8f};
+  std::vector<float> b = {7.0f}, bm = {0.5f}, bv = {0.25f};
+  const CheckpointUnitView views[] = {{a, am, av}, {b, bm, bv}};
+  CheckpointHeader header{"layers=1 d_model=2", 1, 3, 42, 40, 2};
+  absl::StatusOr<std::string> path = WriteCheckpoint(dir, header, views, 2);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(std::filesystem::path(*path).filename(), CheckpointFileName(1, 3, 42));
+  absl::StatusOr<Checkpoint> read = ReadCheckpoint(*path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->header.layout, header.layout);
+  EXPECT_EQ(read->header.shard_index, 1);
+  EXPECT_EQ(read->header.num_shards, 3);
+  EXPECT_EQ(read->header.step, 42);
+  EXPECT_EQ(read->header.applied_updates, 40);
+  EXPECT_EQ(read->header.skipped_steps, 2);
+  ASSERT_EQ(read->units.size(), 2u);
+  EXPECT_EQ(read->units[0].master, a);
+  EXPECT_EQ(read->units[0].m, am);
+  EXPECT_EQ(read->units[0].v, av);
+  EXPECT_EQ(read->units[1].master, b);
+  EXPECT_EQ(read->units[1].v, bv);
+  // No partial file is left behind.
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    ++files;
+    EXPECT_THAT(entry.path().filename().string(), ::testing::EndsWith(".ckpt"));
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(CheckpointFile, KeepsOnlyTheNewest) {
+  const std::string dir = FreshDir("keep");
+  std::vector<float> w = {1.0f};
+  const CheckpointUnitView views[] = {{w, w, w}};
+  for (int64_t step : {2, 4, 6, 8}) {
+    ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 2, step, step, 0}, views, 2).ok());
+  }
+  // Another shard's files are not this shard's to remove.
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 1, 2, 2, 2, 0}, views, 2).ok());
+  EXPECT_EQ(ListCheckpointSteps(dir, 0, 2), (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ(ListCheckpointSteps(dir, 1, 2), (std::vector<int64_t>{2}));
+  EXPECT_TRUE(ListCheckpointSteps(dir + "/absent", 0, 2).empty());
+}
+
+TEST(CheckpointFile, DamageIsDetected) {
+  const std::string dir = FreshDir("damage");
+  std::vector<float> w(1000, 0.5f);
+  const CheckpointUnitView views[] = {{w, w, w}};
+  absl::StatusOr<std::string> path = WriteCheckpoint(dir, CheckpointHeader{"x", 0, 1, 3, 3, 0}, views, 2);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const std::vector<char> good = ReadBytes(*path);
+
+  std::vector<char> flipped = good;
+  flipped[flipped.size() / 2] ^= 0x10;
+  WriteBytes(*path, flipped);
+  absl::StatusOr<Checkpoint> read = ReadCheckpoint(*path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr("CRC-32C"));
+
+  WriteBytes(*path, std::vector<char>(good.begin(), good.end() - 100));
+  read = ReadCheckpoint(*path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr("truncated"));
+
+  WriteBytes(*path, std::vector<char>{'n', 'o', 'p', 'e', 0, 0, 0, 0, 0, 0, 0, 0});
+  EXPECT_THAT(ReadCheckpoint(*path).status().message(), HasSubstr("not a pshard checkpoint"));
+  EXPECT_EQ(ReadCheckpoint(dir + "/missing.ckpt").status().code(), absl::StatusCode::kNotFound);
+}
+
+constexpr int64_t kTotalSteps = 7;
+
+LocalCluster::Options WithCheckpoints(const std::string& dir, int64_t every, int64_t resume_step = -1) {
+  LocalCluster::Options options;
+  options.checkpoint_dir = dir;
+  options.checkpoint_every = every;
+  options.resume_step = resume_step;
+  return options;
+}
+
+absl::Status Train(const LocalCluster& cluster, int trainers, int64_t first, int64_t until) {
+  ClusterTraining how;
+  how.trainer = TinyTrainerOptions(7);
+  how.first_step = first;
+  how.steps = until;
+  return TrainInThreads(cluster, trainers, TestCorpus(), how);
+}
+
+TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
+  const JobConfig job = TinyGptJob(3, 2, kTotalSteps);
+  const std::string dir = FreshDir("resume");
+  {
+    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 2));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(Train(**cluster, 2, 0, 5).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(5).ok());  // step 4 applied everywhere
+  }  // shutdown writes step 5 on top of the periodic 2 and 4; two are kept
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(ListCheckpointSteps(dir, s, 3), (std::vector<int64_t>{4, 5})) << s;
+
+  auto resumed = LocalCluster::Start(job, WithCheckpoints(dir, 2));
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ((*resumed)->server(s).state().current_step(), 5);
+    EXPECT_THAT((*resumed)->server(s).restored_from(), HasSubstr(CheckpointFileName(s, 3, 5)));
+  }
+  auto client = (*resumed)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ((*client)->joined_step(), 5);
+  client->reset();
+  absl::Status trained = Train(**resumed, 2, 5, kTotalSteps);
+  ASSERT_TRUE(trained.ok()) << trained;
+  auto got = (*resumed)->ReadMasterWeights(kTotalSteps);
+  ASSERT_TRUE(got.ok()) << got.status();
+
+  auto want = TrainReference(job, WireEncoding::kFp32, TinyTrainerOptions(7), TestCorpus(), kTotalSteps);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_TRUE(BitIdentical(*got, *want));
+}
+
+TEST(CheckpointResume, AnOlderStepCanBeChosen) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("older");
+  {
+    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
+  }
+  auto older = LocalCluster::Start(job, WithCheckpoints(dir, 1, /*resume_step=*/2));
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_EQ((*older)->server(0).state().current_step(), 2);
+  EXPECT_EQ((*older)->server(1).state().current_step(), 2);
+  older->reset();
+
+  auto missing = LocalCluster::Start(job, WithCheckpoints(dir, 1, /*resume_step=*/1));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("no checkpoint of step 1"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("2, 3"));
+}
+
+TEST(CheckpointResume, ADifferentModelIsRefusedAndTheFilesStay) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("layout");
+  {
+    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(Train(**cluster, 1, 0, 2).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(2).ok());
+  }
+  const std::string file = (std::filesystem::path(dir) / CheckpointFileName(0, 2, 2)).string();
+  const std::vector<char> before = ReadBytes(file);
+  JobConfig wider = job;
+  wider.model.d_model = 32;
+  auto refused = LocalCluster::Start(wider, WithCheckpoints(dir, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("d_model=16"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("d_model=32"));
+  EXPECT_EQ(ReadBytes(file), before);
+
+  // A damaged newest checkpoint stops the server instead of training on.
+  std::vector<char> damaged = before;
+  damaged[damaged.size() - 8] ^= 0x01;
+  WriteBytes(file, damaged);
+  auto damaged_start = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_FALSE(damaged_start.ok());
+  EXPECT_EQ(damaged_start.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(damaged_start.status().message(), HasSubstr(file));
+}
+
+TEST(CheckpointResume, ShardsAtDifferentStepsAreReportedToTrainers) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("split");
+  {
+    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
+  }
+  // Shard 1 loses its newest checkpoint.
+  std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(1, 2, 3));
+  auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 3);
+  EXPECT_EQ((*cluster)->server(1).state().current_step(), 2);
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(client.status().message(), HasSubstr("different steps"));
+  EXPECT_THAT(client.status().message(), HasSubstr("--resume_step"));
+}
+
+}  // namespace
+}  // namespace pshard::testing
