@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/link_rate.h"
 
 namespace pshard::entrypoint {
 namespace {
@@ -201,24 +202,14 @@ absl::Status AddShaping(const Facts& facts, LaunchPlan& plan) {
 }  // namespace
 
 absl::StatusOr<int64_t> ParseRate(const std::string& text) {
-  const std::string rate = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-  struct Unit {
-    const char* suffix;
-    int64_t bits;
-  };
-  // Longest suffixes first; "bps" is bytes per second, as tc reads it.
-  static constexpr Unit kUnits[] = {{"gbit", 1000000000}, {"mbit", 1000000}, {"kbit", 1000},
-                                    {"gbps", 8000000000}, {"mbps", 8000000}, {"kbps", 8000},
-                                    {"bit", 1},           {"bps", 8}};
-  for (const Unit& unit : kUnits) {
-    if (!absl::EndsWith(rate, unit.suffix)) continue;
-    const std::string number = rate.substr(0, rate.size() - std::string(unit.suffix).size());
-    double value = 0;
-    if (!absl::SimpleAtod(number, &value) || !(value > 0) || value * unit.bits > 1e13) break;
-    return static_cast<int64_t>(value * unit.bits);
+  absl::StatusOr<double> bytes = ParseLinkRate(text);
+  if (!bytes.ok()) return absl::InvalidArgumentError(absl::StrCat("PSHARD_LINK_RATE: ", bytes.status().message()));
+  const double bits = *bytes * 8;
+  if (!(bits >= 1) || bits > 1e13) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PSHARD_LINK_RATE: '", text, "' is outside 1 bit/s to 10 Tbit/s"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "link rate \"", text, "\" is not a rate such as 100mbit, 1gbit, 500kbit or 10mbps (bytes)"));
+  return static_cast<int64_t>(bits);
 }
 
 std::vector<std::string> TrafficShaping::TcCommand() const {

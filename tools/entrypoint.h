@@ -79,7 +79,7 @@ struct LaunchPlan {
 absl::StatusOr<LaunchPlan> Plan(const std::vector<std::string>& args, const Facts& facts);
 
 /// Parses a tc-style rate ("100mbit", "1gbit", "800kbit", "5000000bit",
-/// "10mbps" for bytes) into bits per second.
+/// "10mbps" for bytes) into bits per second; a limit is required (> 0).
 absl::StatusOr<int64_t> ParseRate(const std::string& rate);
 
 }  // namespace pshard::entrypoint

@@ -3,9 +3,11 @@
 # and builds it in Release mode into ./build.
 #   tools/setup.sh            install + configure + build
 #   PSHARD_BUILD_DIR=dir      build elsewhere
+#   PSHARD_CMAKE_ARGS="..."   extra CMake arguments (the images build without tests)
+#   PSHARD_PACKAGES=image     install the image build stage's share of the list
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mapfile -t packages < <(grep -v '^\s*#' tools/debian-packages.txt | grep -v '^\s*$')
+mapfile -t packages < <(tools/packages.sh "${PSHARD_PACKAGES:-all}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,5 +24,6 @@ if ((${#missing[@]})); then
 fi
 build=${PSHARD_BUILD_DIR:-build}
 jobs=$(nproc)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# shellcheck disable=SC2086  # PSHARD_CMAKE_ARGS is a list of arguments
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${PSHARD_CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j "$jobs"

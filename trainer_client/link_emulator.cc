@@ -6,34 +6,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/link_rate.h"
 #include "common/rng.h"
 
 namespace pshard {
 namespace {
-
-absl::StatusOr<double> ParseRate(const std::string& text) {
-  if (text.empty() || text == "0") return 0.0;
-  size_t split = 0;
-  while (split < text.size() && (std::isdigit(static_cast<unsigned char>(text[split])) || text[split] == '.')) {
-    ++split;
-  }
-  double value = 0.0;
-  if (split == 0 || !absl::SimpleAtod(text.substr(0, split), &value) || value < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("link rate '", text, "' is not a number with a unit"));
-  }
-  const std::string unit = text.substr(split);
-  struct Unit {
-    const char* name;
-    double bytes_per_second;
-  };
-  static constexpr Unit kUnits[] = {{"bit", 1.0 / 8}, {"kbit", 1e3 / 8}, {"mbit", 1e6 / 8}, {"gbit", 1e9 / 8},
-                                    {"bps", 1.0},     {"kbps", 1e3},     {"mbps", 1e6},     {"gbps", 1e9}};
-  for (const Unit& u : kUnits) {
-    if (unit == u.name) return value * u.bytes_per_second;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "link rate '", text, "': unknown unit '", unit, "' (use bit, kbit, mbit, gbit, or bps, kbps, mbps, gbps)"));
-}
 
 absl::StatusOr<absl::Duration> ParseDelay(const std::string& what, const std::string& text) {
   if (text.empty() || text == "0") return absl::ZeroDuration();
@@ -49,7 +26,7 @@ absl::StatusOr<absl::Duration> ParseDelay(const std::string& what, const std::st
 absl::StatusOr<LinkSpec> LinkSpec::Parse(const std::string& rate, const std::string& latency,
                                          const std::string& jitter) {
   LinkSpec spec;
-  absl::StatusOr<double> r = ParseRate(rate);
+  absl::StatusOr<double> r = ParseLinkRate(rate);
   if (!r.ok()) return r.status();
   spec.bytes_per_second = *r;
   absl::StatusOr<absl::Duration> l = ParseDelay("delay", latency);
