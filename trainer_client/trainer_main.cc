@@ -1,6 +1,7 @@
 // pshard-trainer: a CPU trainer rank. Fetches every unit just in time from
 // the shard servers, computes, pushes gradients, and reports where the time
 // goes.
+#include <algorithm>
 #include <cblas.h>
 
 #include <atomic>
@@ -54,6 +55,9 @@ ABSL_FLAG(std::string, peak_flops, "auto",
           "FLOP/s that MFU is measured against: a number, 'auto' (this machine's measured sgemm rate) or 0 (no MFU)");
 ABSL_FLAG(std::string, topology, "", "topology file (JSON: nodes, fabric groups, links) to plan routes from");
 ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joining) and exit");
+ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
+          "keep serving /metrics this long after the last step, so that Prometheus scrapes the final values "
+          "(a few scrape intervals; a termination signal ends it early)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
 
 namespace {
@@ -241,6 +245,12 @@ int Run() {
               data->UnigramEntropyNats(), pct(total.compute), pct(total.comm_exposed), pct(total.data),
               pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed));
   std::fflush(stdout);
+  if (const absl::Duration linger = absl::GetFlag(FLAGS_metrics_linger); linger > absl::ZeroDuration() && !stop) {
+    std::fprintf(stderr, "pshard-trainer %d: serving final metrics for %s\n", rank,
+                 absl::FormatDuration(linger).c_str());
+    const absl::Time until = absl::Now() + linger;
+    while (!stop && absl::Now() < until) absl::SleepFor(std::min(absl::Milliseconds(100), until - absl::Now()));
+  }
   return stop ? 130 : 0;
 }
 

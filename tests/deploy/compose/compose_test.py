@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Tests of deploy/compose, by running it.
+
+  compose_test.py config   the shipped files are the generator's output, and
+                           every file and variant passes `docker-compose config`
+  compose_test.py e2e      builds the CPU image, brings the stack up with
+                           podman-compose (3 servers, 2 trainers, Prometheus),
+                           waits for health, lets training run and checks the
+                           loss, that Prometheus scraped every process, that a
+                           restart resumes from the checkpoints on the volumes
+                           and that the stack tears down cleanly; then the
+                           slow-link variant at a low rate, whose exposed
+                           communication must rise as the rate predicts.
+
+Exit status 77 means "skipped" (no root, no podman); ctest reads it so.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+COMPOSE_DIR = os.path.join(ROOT, "deploy", "compose")
+SKIP = 77
+BASE_IMAGE = os.environ.get("PSHARD_BASE_IMAGE", "localhost/debian:bookworm")
+IMAGE = "localhost/pshard:cpu"
+PROMETHEUS_IMAGE = "localhost/pshard-test-prometheus:latest"
+# Steps per run: enough for the loss to fall, short enough for CI.
+STEPS = 60
+SLOW_STEPS = 8
+SLOW_RATE_BITS = 20_000_000  # 20 Mbit/s per container egress
+
+
+def log(message):
+    print(f"compose_test: {message}", flush=True)
+
+
+class Failure(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def run(cmd, *, env=None, timeout=600, cwd=None, capture=True):
+    """Runs a command; raises Failure naming it when it fails or times out."""
+    try:
+        result = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout, text=True,
+                                stdout=subprocess.PIPE if capture else None,
+                                stderr=subprocess.STDOUT if capture else None)
+    except subprocess.TimeoutExpired:
+        raise Failure(f"`{' '.join(cmd)}` did not finish within {timeout} s")
+    if result.returncode != 0:
+        tail = (result.stdout or "")[-3000:]
+        raise Failure(f"`{' '.join(cmd)}` exited with {result.returncode}:\n{tail}")
+    return result.stdout or ""
+
+
+def compose_services(path):
+    """Service names of a generated compose file, in order."""
+    names = []
+    in_services = False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("services:"):
+                in_services = True
+            elif in_services and re.match(r"^\S", line):
+                in_services = False
+            elif in_services:
+                m = re.match(r"^  ([a-z0-9-]+):\s*$", line)
+                if m:
+                    names.append(m.group(1))
+    return names
+
+
+# ---------------------------------------------------------------- config ----
+
+VARIANTS = [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"], ["compose.yaml", "compose.slow-link.yaml"],
+            ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml"]]
+
+
+def test_config():
+    # The shipped files are exactly what the generator writes for 3 and 2.
+    with tempfile.TemporaryDirectory() as out:
+        run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "3", "--trainers", "2", "--out", out])
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name)) as a, open(os.path.join(COMPOSE_DIR, name)) as b:
+                check(a.read() == b.read(), f"deploy/compose/{name} differs from generate.sh's output: regenerate it")
+        log("shipped files equal generate.sh --servers 3 --trainers 2")
+        # Other sizes render to valid files with the right services.
+        run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "5", "--trainers", "4", "--out", out])
+        services = compose_services(os.path.join(out, "compose.yaml"))
+        check(services == [f"server-{i}" for i in range(5)] + [f"trainer-{r}" for r in range(4)] +
+              ["prometheus", "grafana"], f"generate.sh --servers 5 --trainers 4 gave services {services}")
+        for ext in ["config", "grafana"]:
+            os.symlink(os.path.join(COMPOSE_DIR, ext), os.path.join(out, ext))
+        validate_variants(out, expect_servers=5, expect_trainers=4)
+    validate_variants(COMPOSE_DIR, expect_servers=3, expect_trainers=2)
+    # Bad sizes are refused.
+    bad = subprocess.run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "0"], capture_output=True, text=True)
+    check(bad.returncode != 0 and "positive integers" in bad.stderr, f"generate.sh --servers 0: {bad.stderr}")
+
+
+def validate_variants(folder, expect_servers, expect_trainers):
+    docker_compose = shutil.which("docker-compose")
+    check(docker_compose is not None, "docker-compose is not installed (tools/setup.sh installs it)")
+    for files in VARIANTS:
+        args = [docker_compose]
+        for f in files:
+            args += ["-f", os.path.join(folder, f)]
+        rendered = run(args + ["config"], cwd=folder)
+        services = run(args + ["config", "--services"], cwd=folder).split()
+        check(len([s for s in services if s.startswith("server-")]) == expect_servers, f"{files}: {services}")
+        check(len([s for s in services if s.startswith("trainer-")]) == expect_trainers, f"{files}: {services}")
+        if "compose.gpu.yaml" in files:
+            check("driver: nvidia" in rendered and "capabilities:" in rendered, f"{files}: no GPU reservation")
+        if "compose.slow-link.yaml" in files:
+            check(rendered.count("NET_ADMIN") == expect_servers + expect_trainers, f"{files}: NET_ADMIN missing")
+            check("PSHARD_LINK_DELAY" in rendered, f"{files}: no in-process latency")
+        log(f"docker-compose config: {' + '.join(files)} in {os.path.relpath(folder, ROOT)}: ok")
+
+
+# ------------------------------------------------------------------- e2e ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """One podman-compose project of the shipped compose files."""
+
+    def __init__(self, name, files, env):
+        self.name = name
+        self.files = files
+        self.env = env
+
+    def compose(self, *args, timeout=600):
+        cmd = ["podman-compose", "-p", self.name]
+        for f in self.files:
+            cmd += ["-f", f]
+        return run(cmd + list(args), env=self.env, cwd=COMPOSE_DIR, timeout=timeout)
+
+    def container(self, service):
+        return f"{self.name}_{service}_1"
+
+    def containers(self):
+        out = run(["podman", "ps", "-a", "--filter", f"label=io.podman.compose.project={self.name}",
+                   "--format", "{{.Names}}"], env=self.env)
+        return out.split()
+
+    def logs(self, service):
+        return run(["podman", "logs", self.container(service)], env=self.env)
+
+    def exit_code(self, service):
+        out = run(["podman", "inspect", self.container(service), "--format", "{{.State.ExitCode}}"], env=self.env)
+        return int(out.strip())
+
+    def wait_healthy(self, services, limit_s):
+        deadline = time.time() + limit_s
+        pending = list(services)
+        while pending:
+            # Without systemd, Podman does not run health checks on a timer:
+            # run each one, as the timer would.
+            pending = [s for s in pending if subprocess.run(
+                ["podman", "healthcheck", "run", self.container(s)], env=self.env,
+                capture_output=True).returncode != 0]
+            if pending and time.time() > deadline:
+                raise Failure(f"{', '.join(pending)} not healthy after {limit_s} s (grpc.health.v1 through "
+                              f"`pshard-entrypoint health`)")
+            if pending:
+                time.sleep(1)
+
+    def wait_exited(self, services, limit_s):
+        deadline = time.time() + limit_s
+        for s in services:
+            left = max(1, int(deadline - time.time()))
+            try:
+                out = subprocess.run(["podman", "wait", self.container(s)], env=self.env, timeout=left,
+                                     capture_output=True, text=True)
+            except subprocess.TimeoutExpired:
+                raise Failure(f"{s} still running after {limit_s} s; its log ends:\n{self.logs(s)[-2000:]}")
+            check(out.returncode == 0, f"podman wait {s}: {out.stderr}")
+
+
+def prometheus_query(port, expr):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise Failure(f"Prometheus query {expr}: {body}")
+    return body["data"]["result"]
+
+
+def wait_prometheus_ready(port, limit_s):
+    deadline = time.time() + limit_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=3) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise Failure(f"Prometheus on port {port} not ready after {limit_s} s")
+        time.sleep(1)
+
+
+def by_instance(results):
+    return {r["metric"].get("instance", ""): float(r["value"][1]) for r in results}
+
+
+def trainer_losses(log_text):
+    """(first logged loss, final mean loss, unigram entropy) from a trainer's log."""
+    losses = [float(m) for m in re.findall(r"^step \d+/\d+ \| loss ([0-9.]+)", log_text, re.M)]
+    final = re.search(r"final loss ([0-9.]+) \(mean of last \d+ steps\) \| unigram entropy ([0-9.]+)", log_text)
+    check(losses and final, f"trainer log has no progress or summary lines:\n{log_text[-2000:]}")
+    return losses[0], float(final.group(1)), float(final.group(2))
+
+
+def exposed_comm_per_step(port, trainer_instances):
+    """Mean exposed communication per step over the trainers, and push bytes per step, from Prometheus."""
+    exposed = by_instance(prometheus_query(
+        port, 'last_over_time(pshard_trainer_phase_seconds_total{phase="comm_exposed"}[30m])'))
+    steps = by_instance(prometheus_query(port, "last_over_time(pshard_trainer_step_seconds_count[30m])"))
+    pushed = by_instance(prometheus_query(
+        port, 'sum by (instance) (last_over_time(pshard_trainer_transfer_bytes_total{direction="push"}[30m]))'))
+    per_step, push_per_step = [], []
+    for inst in trainer_instances:
+        check(steps.get(inst, 0) > 0, f"Prometheus has no completed steps of {inst}: {steps}")
+        per_step.append(exposed[inst] / steps[inst])
+        push_per_step.append(pushed[inst] / steps[inst])
+    return sum(per_step) / len(per_step), sum(push_per_step) / len(push_per_step)
+
+
+def build_images(env):
+    started = time.time()
+    log(f"building {IMAGE} from deploy/docker/Dockerfile on {BASE_IMAGE}")
+    run(["podman", "build", "-f", os.path.join(ROOT, "deploy/docker/Dockerfile"), "-t", IMAGE,
+         "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", ROOT], env=env, timeout=1800)
+    log(f"  built in {time.time() - started:.0f} s")
+    started = time.time()
+    run(["podman", "build", "-f", os.path.join(ROOT, "tests/deploy/compose/prometheus.Dockerfile"),
+         "-t", PROMETHEUS_IMAGE, "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", os.path.dirname(__file__)],
+        env=env, timeout=900)
+    log(f"  Prometheus stand-in (Debian's package) built in {time.time() - started:.0f} s")
+    # Users of pshard:cpu must get a non-root user by default.
+    user = run(["podman", "image", "inspect", IMAGE, "--format", "{{.Config.User}}"], env=env).strip()
+    check(user == "10001:10001", f"{IMAGE} runs as \"{user}\", expected the pshard user 10001:10001")
+
+
+def steps_override(folder, steps):
+    """A compose override that sets the trainers' step count (the shipped trainer.flags say 300)."""
+    path = os.path.join(folder, f"steps-{steps}.yaml")
+    services = [s for s in compose_services(os.path.join(COMPOSE_DIR, "compose.yaml")) if s.startswith("trainer-")]
+    with open(path, "w") as f:
+        f.write("services:\n")
+        for s in services:
+            f.write(f"  {s}:\n    command: [\"trainer\", \"--steps={steps}\"]\n")
+    return path
+
+
+def run_training(stack, port, servers, trainers, limit_s):
+    """Servers and Prometheus first, then trainers once the servers are healthy; returns trainer logs."""
+    stack.compose("up", "-d", *servers, "prometheus")
+    stack.wait_healthy(servers, 120)
+    wait_prometheus_ready(port, 60)
+    log(f"{stack.name}: {len(servers)} servers healthy, Prometheus ready; starting {len(trainers)} trainers")
+    started = time.time()
+    stack.compose("up", "-d", *trainers)
+    stack.wait_exited(trainers, limit_s)
+    log(f"{stack.name}: trainers finished in {time.time() - started:.0f} s")
+    logs = {t: stack.logs(t) for t in trainers}
+    for t in trainers:
+        check(stack.exit_code(t) == 0, f"{t} exited with {stack.exit_code(t)}:\n{logs[t][-3000:]}")
+    # One more scrape interval so the trainers' last values are in.
+    time.sleep(6)
+    return logs
+
+
+def check_scraped(port, servers, trainers):
+    up = prometheus_query(port, "max_over_time(up[30m])")
+    scraped = {(r["metric"]["job"], r["metric"]["instance"]): float(r["value"][1]) for r in up}
+    for s in servers:
+        check(scraped.get(("pshard-server", f"{s}:9400")) == 1.0, f"Prometheus never scraped {s}: {scraped}")
+    for t in trainers:
+        check(scraped.get(("pshard-trainer", f"{t}:9400")) == 1.0, f"Prometheus never scraped {t}: {scraped}")
+    server_steps = by_instance(prometheus_query(port, "last_over_time(pshard_server_step[30m])"))
+    check(len(server_steps) == len(servers), f"pshard_server_step from {sorted(server_steps)}, want {servers}")
+    log(f"Prometheus scraped {len(servers)} servers and {len(trainers)} trainers; server steps {server_steps}")
+
+
+def teardown_keeps_checkpoints(stack, servers, steps):
+    """Stops the stack, removes its containers but not volumes, restarts the
+    servers and checks that they resume from the checkpoints there."""
+    stack.compose("stop", timeout=120)
+    for s in servers:
+        code = stack.exit_code(s)
+        text = stack.logs(s)
+        check(code == 0, f"{s} exited with {code} on stop:\n{text[-2000:]}")
+        check(re.search(rf"checkpoint of step {steps} written", text), f"{s} wrote no checkpoint of step {steps}:\n"
+              f"{text[-2000:]}")
+    stack.compose("down", timeout=120)  # containers and network; the volumes stay
+    check(not stack.containers(), f"containers left after down: {stack.containers()}")
+    stack.compose("up", "-d", *servers)
+    stack.wait_healthy(servers, 120)
+    for s in servers:
+        text = stack.logs(s)
+        check(re.search(rf"resumed at step {steps} from /var/lib/pshard/checkpoints/", text),
+              f"{s} did not resume from its volume:\n{text[-2000:]}")
+    log(f"{stack.name}: restarted servers resumed at step {steps} from their volumes")
+
+
+def teardown(stack):
+    stack.compose("down", "-v", timeout=180)
+    left = stack.containers()
+    check(not left, f"containers left after down -v: {left}")
+    # podman-compose 1.0 leaves the project's network behind (docker compose
+    # removes it): remove it as docs/deploy.md says.
+    network = f"{stack.name}_default"
+    if subprocess.run(["podman", "network", "exists", network], env=stack.env).returncode == 0:
+        run(["podman", "network", "rm", network], env=stack.env)
+    check(subprocess.run(["podman", "network", "exists", network], env=stack.env).returncode != 0,
+          f"network {network} is left")
+    volumes = run(["podman", "volume", "ls", "--filter", f"label=io.podman.compose.project={stack.name}",
+                   "--format", "{{.Name}}"], env=stack.env).split()
+    check(not volumes, f"volumes left after down -v: {volumes}")
+    log(f"{stack.name}: torn down (no containers, volumes or network left)")
+
+
+def test_e2e():
+    if os.geteuid() != 0:
+        log("skipping: Podman's networks and tc need root here")
+        return SKIP
+    for tool in ["podman", "podman-compose", "debootstrap", "runc"]:
+        if shutil.which(tool) is None:
+            log(f"skipping: {tool} is not installed (tools/setup.sh installs it)")
+            return SKIP
+    total_start = time.time()
+    setup = run([os.path.join(ROOT, "tools/containers-setup.sh")], timeout=900)
+    env = dict(os.environ)
+    m = re.search(r"export CONTAINERS_CONF=(\S+)", setup)
+    check(m, f"containers-setup.sh printed no CONTAINERS_CONF: {setup}")
+    env["CONTAINERS_CONF"] = m.group(1)
+    build_images(env)
+
+    services = compose_services(os.path.join(COMPOSE_DIR, "compose.yaml"))
+    servers = [s for s in services if s.startswith("server-")]
+    trainers = [s for s in services if s.startswith("trainer-")]
+    check(len(servers) == 3 and len(trainers) == 2, f"compose.yaml services: {services}")
+
+    with tempfile.TemporaryDirectory() as scratch:
+        # ---- the plain stack ----
+        port = free_port()
+        env_run = dict(env, PSHARD_IMAGE=IMAGE, PROMETHEUS_IMAGE=PROMETHEUS_IMAGE,
+                       PSHARD_PROMETHEUS_PORT=str(port))
+        stack = Stack(f"pshard-e2e-{os.getpid()}", ["compose.yaml", steps_override(scratch, STEPS)], env_run)
+        try:
+            logs = run_training(stack, port, servers, trainers, 600)
+            for t, text in logs.items():
+                first, final, unigram = trainer_losses(text)
+                log(f"{t}: loss {first:.3f} at the first report -> {final:.3f} at the end "
+                    f"(unigram entropy {unigram:.3f})")
+                check(final < 0.85 * first, f"{t}: loss did not fall enough: {first} -> {final}")
+                check(final < unigram, f"{t}: final loss {final} is not below the unigram entropy {unigram}")
+            check_scraped(port, servers, trainers)
+            plain_exposed, plain_push = exposed_comm_per_step(port, [f"{t}:9400" for t in trainers])
+            log(f"unshaped: exposed communication {plain_exposed * 1000:.1f} ms per step, "
+                f"{plain_push / 1e6:.2f} MB pushed per trainer-step")
+            teardown_keeps_checkpoints(stack, servers, STEPS)
+        finally:
+            teardown(stack)
+
+        # ---- the slow-link variant ----
+        port = free_port()
+        env_slow = dict(env, PSHARD_IMAGE=IMAGE, PROMETHEUS_IMAGE=PROMETHEUS_IMAGE, PSHARD_PROMETHEUS_PORT=str(port),
+                        PSHARD_LINK_RATE=f"{SLOW_RATE_BITS}bit", PSHARD_LINK_DELAY="2ms")
+        slow = Stack(f"pshard-e2e-slow-{os.getpid()}",
+                     ["compose.yaml", "compose.slow-link.yaml", steps_override(scratch, SLOW_STEPS)], env_slow)
+        try:
+            logs = run_training(slow, port, servers, trainers, 600)
+            for s in servers:
+                text = slow.logs(s)
+                check(f"egress of eth0 shaped to {SLOW_RATE_BITS} bit/s; as uid 10001" in text,
+                      f"{s} did not shape its link with tc and drop root:\n{text[:2000]}")
+            slow_exposed, slow_push = exposed_comm_per_step(port, [f"{t}:9400" for t in trainers])
+            # A trainer's own pushes leave through its shaped egress: at least
+            # push bytes / rate of every step is communication it waits for.
+            predicted = slow_push * 8 / SLOW_RATE_BITS
+            log(f"shaped to {SLOW_RATE_BITS / 1e6:.0f} Mbit/s: exposed communication {slow_exposed * 1000:.0f} ms per "
+                f"step (unshaped {plain_exposed * 1000:.1f} ms; pushes alone need {predicted * 1000:.0f} ms)")
+            check(slow_exposed > 5 * plain_exposed,
+                  f"exposed communication rose only from {plain_exposed:.4f} s to {slow_exposed:.4f} s per step")
+            check(slow_exposed > 0.7 * predicted,
+                  f"exposed communication {slow_exposed:.3f} s per step is below the {predicted:.3f} s that "
+                  f"{slow_push / 1e6:.2f} MB of pushes need at {SLOW_RATE_BITS} bit/s")
+        finally:
+            teardown(slow)
+    log(f"all container checks passed in {time.time() - total_start:.0f} s")
+    return 0
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in ("config", "e2e"):
+        print(__doc__)
+        return 2
+    try:
+        return test_config() or 0 if sys.argv[1] == "config" else test_e2e()
+    except Failure as f:
+        print(f"compose_test: FAILED: {f}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
