@@ -15,6 +15,7 @@
 Exit status 77 means "skipped" (no root, no podman); ctest reads it so.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -90,25 +91,63 @@ VARIANTS = [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"], ["compose.ya
 
 
 def test_config():
-    # The shipped files are exactly what the generator writes for 3 and 2.
-    with tempfile.TemporaryDirectory() as out:
-        run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "3", "--trainers", "2", "--out", out])
-        for name in sorted(os.listdir(out)):
-            with open(os.path.join(out, name)) as a, open(os.path.join(COMPOSE_DIR, name)) as b:
-                check(a.read() == b.read(), f"deploy/compose/{name} differs from generate.sh's output: regenerate it")
-        log("shipped files equal generate.sh --servers 3 --trainers 2")
-        # Other sizes render to valid files with the right services.
-        run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "5", "--trainers", "4", "--out", out])
+    # The shipped files are exactly what the generator writes for 3 and 2
+    # (generated in place, then put back as they were).
+    generated = ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml", "prometheus.yml"]
+    shipped = {}
+    for name in generated:
+        with open(os.path.join(COMPOSE_DIR, name)) as f:
+            shipped[name] = f.read()
+    try:
+        run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "3", "--trainers", "2"])
+        for name in generated:
+            with open(os.path.join(COMPOSE_DIR, name)) as f:
+                check(f.read() == shipped[name], f"deploy/compose/{name} differs from generate.sh's output: "
+                      f"run deploy/compose/generate.sh")
+    finally:
+        for name, text in shipped.items():
+            with open(os.path.join(COMPOSE_DIR, name), "w") as f:
+                f.write(text)
+    log("shipped files equal generate.sh --servers 3 --trainers 2")
+    # Other sizes render to valid files with the right services.
+    with generated_dir("config-services", ["--servers", "5", "--trainers", "4"]) as out:
         services = compose_services(os.path.join(out, "compose.yaml"))
         check(services == [f"server-{i}" for i in range(5)] + [f"trainer-{r}" for r in range(4)] +
               ["prometheus", "grafana"], f"generate.sh --servers 5 --trainers 4 gave services {services}")
-        for ext in ["config", "grafana"]:
-            os.symlink(os.path.join(COMPOSE_DIR, ext), os.path.join(out, ext))
+    with generated_dir("config-5x4", ["--servers", "5", "--trainers", "4"]) as out:
         validate_variants(out, expect_servers=5, expect_trainers=4)
+    with generated_dir("config-hosts", ["--server-hosts", "10.0.0.1,10.0.0.2,10.0.0.1",
+                                        "--trainer-hosts", "10.0.0.3,10.0.0.4"]) as out:
+        validate_variants(out, expect_servers=3, expect_trainers=2)
+        rendered = run(["docker-compose", "-f", os.path.join(out, "compose.yaml"), "config"], cwd=out)
+        check("PSHARD_SERVERS: 10.0.0.1:7070,10.0.0.2:7071,10.0.0.1:7072" in rendered,
+              "several hosts: the server list is not the hosts' addresses")
+        check(rendered.count("network_mode: host") == 7, "several hosts: not every service uses host networking")
+        with open(os.path.join(out, "prometheus.yml")) as f:
+            text = f.read()
+        check("'10.0.0.1:9402'" in text and "'10.0.0.4:9501'" in text, f"several hosts: prometheus.yml\n{text}")
     validate_variants(COMPOSE_DIR, expect_servers=3, expect_trainers=2)
-    # Bad sizes are refused.
-    bad = subprocess.run([os.path.join(COMPOSE_DIR, "generate.sh"), "--servers", "0"], capture_output=True, text=True)
-    check(bad.returncode != 0 and "positive integers" in bad.stderr, f"generate.sh --servers 0: {bad.stderr}")
+    # Bad arguments are refused with a reason.
+    for args, reason in [(["--servers", "0"], "positive integers"),
+                         (["--server-hosts", "a,b"], "go together"),
+                         (["--server-hosts", "a,b", "--trainer-hosts", "c", "--servers", "3"], "but 2 server hosts"),
+                         (["--server-hosts", "a;b", "--trainer-hosts", "c"], "not a host name"),
+                         (["--out", "/tmp"], "inside the repository"),
+                         (["--servers"], "needs a value")]:
+        bad = subprocess.run([os.path.join(COMPOSE_DIR, "generate.sh")] + args, capture_output=True, text=True)
+        check(bad.returncode != 0 and reason in bad.stderr, f"generate.sh {' '.join(args)}: {bad.stderr}")
+
+
+@contextlib.contextmanager
+def generated_dir(name, args):
+    """Compose files generated into a scratch folder inside the repository
+    (they mount deploy/compose/config and dashboards/ by relative path)."""
+    out = os.path.join(COMPOSE_DIR, f".e2e-{name}-{os.getpid()}")
+    try:
+        run([os.path.join(COMPOSE_DIR, "generate.sh"), *args, "--out", out])
+        yield out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def validate_variants(folder, expect_servers, expect_trainers):
@@ -141,16 +180,17 @@ def free_port():
 class Stack:
     """One podman-compose project of the shipped compose files."""
 
-    def __init__(self, name, files, env):
+    def __init__(self, name, files, env, cwd=COMPOSE_DIR):
         self.name = name
         self.files = files
         self.env = env
+        self.cwd = cwd
 
     def compose(self, *args, timeout=600):
         cmd = ["podman-compose", "-p", self.name]
         for f in self.files:
             cmd += ["-f", f]
-        return run(cmd + list(args), env=self.env, cwd=COMPOSE_DIR, timeout=timeout)
+        return run(cmd + list(args), env=self.env, cwd=self.cwd, timeout=timeout)
 
     def container(self, service):
         return f"{self.name}_{service}_1"
@@ -272,13 +312,14 @@ def steps_override(folder, steps):
 
 
 def run_training(stack, port, servers, trainers, limit_s):
-    """Servers and Prometheus first, then trainers once the servers are healthy; returns trainer logs."""
-    stack.compose("up", "-d", *servers, "prometheus")
+    """Servers and Prometheus first, then trainers once the servers are healthy; returns trainer logs.
+    Every `up` names its services and starts nothing else, as on several hosts."""
+    stack.compose("up", "-d", "--no-deps", *servers, "prometheus")
     stack.wait_healthy(servers, 120)
     wait_prometheus_ready(port, 60)
     log(f"{stack.name}: {len(servers)} servers healthy, Prometheus ready; starting {len(trainers)} trainers")
     started = time.time()
-    stack.compose("up", "-d", *trainers)
+    stack.compose("up", "-d", "--no-deps", *trainers)
     stack.wait_exited(trainers, limit_s)
     log(f"{stack.name}: trainers finished in {time.time() - started:.0f} s")
     logs = {t: stack.logs(t) for t in trainers}
@@ -289,16 +330,18 @@ def run_training(stack, port, servers, trainers, limit_s):
     return logs
 
 
-def check_scraped(port, servers, trainers):
+def check_scraped(port, server_targets, trainer_targets):
     up = prometheus_query(port, "max_over_time(up[30m])")
     scraped = {(r["metric"]["job"], r["metric"]["instance"]): float(r["value"][1]) for r in up}
-    for s in servers:
-        check(scraped.get(("pshard-server", f"{s}:9400")) == 1.0, f"Prometheus never scraped {s}: {scraped}")
-    for t in trainers:
-        check(scraped.get(("pshard-trainer", f"{t}:9400")) == 1.0, f"Prometheus never scraped {t}: {scraped}")
+    for s in server_targets:
+        check(scraped.get(("pshard-server", s)) == 1.0, f"Prometheus never scraped server {s}: {scraped}")
+    for t in trainer_targets:
+        check(scraped.get(("pshard-trainer", t)) == 1.0, f"Prometheus never scraped trainer {t}: {scraped}")
     server_steps = by_instance(prometheus_query(port, "last_over_time(pshard_server_step[30m])"))
-    check(len(server_steps) == len(servers), f"pshard_server_step from {sorted(server_steps)}, want {servers}")
-    log(f"Prometheus scraped {len(servers)} servers and {len(trainers)} trainers; server steps {server_steps}")
+    check(len(server_steps) == len(server_targets),
+          f"pshard_server_step from {sorted(server_steps)}, want {server_targets}")
+    log(f"Prometheus scraped {len(server_targets)} servers and {len(trainer_targets)} trainers; "
+        f"server steps {server_steps}")
 
 
 def teardown_keeps_checkpoints(stack, servers, steps):
@@ -339,6 +382,15 @@ def teardown(stack):
     log(f"{stack.name}: torn down (no containers, volumes or network left)")
 
 
+def check_losses(logs, falls_below_unigram):
+    for t, text in logs.items():
+        first, final, unigram = trainer_losses(text)
+        log(f"{t}: loss {first:.3f} at the first report -> {final:.3f} at the end (unigram entropy {unigram:.3f})")
+        check(final < 0.85 * first, f"{t}: loss did not fall enough: {first} -> {final}")
+        if falls_below_unigram:
+            check(final < unigram, f"{t}: final loss {final} is not below the unigram entropy {unigram}")
+
+
 def test_e2e():
     if os.geteuid() != 0:
         log("skipping: Podman's networks and tc need root here")
@@ -368,13 +420,8 @@ def test_e2e():
         stack = Stack(f"pshard-e2e-{os.getpid()}", ["compose.yaml", steps_override(scratch, STEPS)], env_run)
         try:
             logs = run_training(stack, port, servers, trainers, 600)
-            for t, text in logs.items():
-                first, final, unigram = trainer_losses(text)
-                log(f"{t}: loss {first:.3f} at the first report -> {final:.3f} at the end "
-                    f"(unigram entropy {unigram:.3f})")
-                check(final < 0.85 * first, f"{t}: loss did not fall enough: {first} -> {final}")
-                check(final < unigram, f"{t}: final loss {final} is not below the unigram entropy {unigram}")
-            check_scraped(port, servers, trainers)
+            check_losses(logs, falls_below_unigram=True)
+            check_scraped(port, [f"{s}:9400" for s in servers], [f"{t}:9400" for t in trainers])
             plain_exposed, plain_push = exposed_comm_per_step(port, [f"{t}:9400" for t in trainers])
             log(f"unshaped: exposed communication {plain_exposed * 1000:.1f} ms per step, "
                 f"{plain_push / 1e6:.2f} MB pushed per trainer-step")
