@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -257,6 +258,33 @@ def wait_prometheus_ready(port, limit_s):
         time.sleep(1)
 
 
+TARGET_SAMPLES = []
+
+
+def targets_report(port):
+    """Each scrape target's health and last error, for failure messages."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/targets", timeout=10) as r:
+            targets = json.load(r)["data"]["activeTargets"]
+        return "; ".join(f"{t['scrapeUrl']} {t['health']} {t['lastError']}".strip() for t in targets)
+    except OSError as e:
+        return f"(targets unavailable: {e})"
+
+
+def wait_for_series(port, expr, instances, limit_s=30):
+    """Polls until `expr` has a series for every instance (Prometheus may
+    still be ingesting the last scrapes); returns them by instance."""
+    deadline = time.time() + limit_s
+    while True:
+        got = by_instance(prometheus_query(port, expr))
+        if all(i in got for i in instances):
+            return got
+        if time.time() > deadline:
+            raise Failure(f"Prometheus has no {expr} for {sorted(set(instances) - set(got))} after {limit_s} s; "
+                          f"targets now: {targets_report(port)}; while training:\n" + "\n".join(TARGET_SAMPLES))
+        time.sleep(2)
+
+
 def by_instance(results):
     return {r["metric"].get("instance", ""): float(r["value"][1]) for r in results}
 
@@ -271,11 +299,12 @@ def trainer_losses(log_text):
 
 def exposed_comm_per_step(port, trainer_instances):
     """Mean exposed communication per step over the trainers, and push bytes per step, from Prometheus."""
-    exposed = by_instance(prometheus_query(
-        port, 'last_over_time(pshard_trainer_phase_seconds_total{phase="comm_exposed"}[30m])'))
-    steps = by_instance(prometheus_query(port, "last_over_time(pshard_trainer_step_seconds_count[30m])"))
-    pushed = by_instance(prometheus_query(
-        port, 'sum by (instance) (last_over_time(pshard_trainer_transfer_bytes_total{direction="push"}[30m]))'))
+    exposed = wait_for_series(
+        port, 'last_over_time(pshard_trainer_phase_seconds_total{phase="comm_exposed"}[30m])', trainer_instances)
+    steps = wait_for_series(port, "last_over_time(pshard_trainer_step_seconds_count[30m])", trainer_instances)
+    pushed = wait_for_series(
+        port, 'sum by (instance) (last_over_time(pshard_trainer_transfer_bytes_total{direction="push"}[30m]))',
+        trainer_instances)
     per_step, push_per_step = [], []
     for inst in trainer_instances:
         check(steps.get(inst, 0) > 0, f"Prometheus has no completed steps of {inst}: {steps}")
@@ -320,7 +349,20 @@ def run_training(stack, port, servers, trainers, limit_s):
     log(f"{stack.name}: {len(servers)} servers healthy, Prometheus ready; starting {len(trainers)} trainers")
     started = time.time()
     stack.compose("up", "-d", "--no-deps", *trainers)
-    stack.wait_exited(trainers, limit_s)
+    # What Prometheus saw of the trainers while they ran, for failure messages.
+    sampling = threading.Event()
+
+    def sample():
+        while not sampling.wait(3):
+            TARGET_SAMPLES.append(f"+{time.time() - started:.0f}s: {targets_report(port)}")
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        stack.wait_exited(trainers, limit_s)
+    finally:
+        sampling.set()
+        sampler.join()
     log(f"{stack.name}: trainers finished in {time.time() - started:.0f} s")
     logs = {t: stack.logs(t) for t in trainers}
     for t in trainers:
@@ -334,9 +376,12 @@ def check_scraped(port, server_targets, trainer_targets):
     up = prometheus_query(port, "max_over_time(up[30m])")
     scraped = {(r["metric"]["job"], r["metric"]["instance"]): float(r["value"][1]) for r in up}
     for s in server_targets:
-        check(scraped.get(("pshard-server", s)) == 1.0, f"Prometheus never scraped server {s}: {scraped}")
+        check(scraped.get(("pshard-server", s)) == 1.0,
+              f"Prometheus never scraped server {s}: {scraped}; targets: {targets_report(port)}")
     for t in trainer_targets:
-        check(scraped.get(("pshard-trainer", t)) == 1.0, f"Prometheus never scraped trainer {t}: {scraped}")
+        check(scraped.get(("pshard-trainer", t)) == 1.0,
+              f"Prometheus never scraped trainer {t}: {scraped}; targets now: {targets_report(port)}; "
+              f"while training:\n" + "\n".join(TARGET_SAMPLES))
     server_steps = by_instance(prometheus_query(port, "last_over_time(pshard_server_step[30m])"))
     check(len(server_steps) == len(server_targets),
           f"pshard_server_step from {sorted(server_steps)}, want {server_targets}")
@@ -441,6 +486,7 @@ def test_e2e():
                 text = slow.logs(s)
                 check(f"egress of eth0 shaped to {SLOW_RATE_BITS} bit/s; as uid 10001" in text,
                       f"{s} did not shape its link with tc and drop root:\n{text[:2000]}")
+            check_scraped(port, [f"{s}:9400" for s in servers], [f"{t}:9400" for t in trainers])
             slow_exposed, slow_push = exposed_comm_per_step(port, [f"{t}:9400" for t in trainers])
             # A trainer's own pushes leave through its shaped egress: at least
             # push bytes / rate of every step is communication it waits for.
