@@ -262,6 +262,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
   impl_->stopped = true;
   impl_->driver.reset();  // no step is being applied from here on
   SaveCheckpoint();
+  if (impl_->service) impl_->service->StopWaiting();
   if (impl_->server) {  // absent when Start failed part-way
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     impl_->server->Wait();

@@ -347,4 +347,22 @@ grpc::ServerUnaryReactor* ShardServiceImpl::ReadMaster(grpc::CallbackServerConte
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ShardServiceImpl::Rendezvous(grpc::CallbackServerContext* ctx,
+                                                       const v1::RendezvousRequest* request,
+                                                       v1::RendezvousResponse* response) {
+  const absl::Time start = absl::Now();
+  auto* reactor = ctx->DefaultReactor();
+  // Members of a group may start minutes apart (image pulls, scheduling):
+  // the client's deadline bounds the wait.
+  rendezvous_.Post(request->group(), request->member(), request->size(), request->payload(),
+                   WaitDeadline(ctx, absl::Hours(1)),
+                   [this, reactor, response, start](absl::StatusOr<std::vector<std::string>> payloads) {
+                     if (payloads.ok()) {
+                       for (std::string& p : *payloads) response->add_payloads(std::move(p));
+                     }
+                     FinishUnary(reactor, RpcMethod::kRendezvous, start, payloads.status());
+                   });
+  return reactor;
+}
+
 }  // namespace pshard

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/norm_coordinator.h"
+#include "shard_server/rendezvous.h"
 #include "shard_server/server_metrics.h"
 #include "shard_server/session_tokens.h"
 #include "shard_server/shard_state.h"
@@ -45,6 +46,13 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   grpc::ServerUnaryReactor* ReadMaster(grpc::CallbackServerContext* ctx,
                                        const v1::ReadMasterRequest* request,
                                        v1::ReadMasterResponse* response) override;
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
+                                       const v1::RendezvousRequest* request,
+                                       v1::RendezvousResponse* response) override;
+
+  /// Answers waiting rendezvous calls (before the gRPC server shuts down,
+  /// which waits for every call to finish).
+  void StopWaiting() { rendezvous_.Close(); }
 
   /// The wait deadline for a call: the sooner of the server's limit and a
   /// moment before the client's deadline, so that the client receives the
@@ -63,6 +71,7 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   const uint64_t fingerprint_;
   absl::Mutex joined_mu_;
   std::map<int, std::string> joined_ ABSL_GUARDED_BY(joined_mu_);  // rank -> metrics address
+  RendezvousTable rendezvous_;
 };
 
 }  // namespace pshard

@@ -60,6 +60,20 @@ std::string Quoted(const std::vector<std::string>& targets) {
 
 }  // namespace
 
+std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size) {
+  std::vector<std::string> servers, trainers, groups;
+  for (const std::string& a : server_addresses) servers.push_back(absl::StrCat("\"", a, "\""));
+  for (int r = 0; r < num_trainers; ++r) trainers.push_back(absl::StrCat(r));
+  for (int first = 0; first < num_trainers; first += group_size) {
+    std::vector<std::string> members;
+    for (int r = first; r < first + group_size; ++r) members.push_back(absl::StrCat(r));
+    groups.push_back(absl::StrCat("[", absl::StrJoin(members, ", "), "]"));
+  }
+  return absl::StrCat("{\"nodes\": [{\"name\": \"local\", \"servers\": [", absl::StrJoin(servers, ", "),
+                      "], \"trainers\": [", absl::StrJoin(trainers, ", "), "]}],\n \"fabric_groups\": [",
+                      absl::StrJoin(groups, ", "), "]}\n");
+}
+
 std::string LocalPrometheusConfig(const std::vector<std::string>& server_targets,
                                   const std::vector<std::string>& trainer_targets) {
   return absl::StrCat(
@@ -80,6 +94,10 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   if (spec.num_servers < 1 || spec.num_trainers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("need at least one server and one trainer, got ",
                                                    spec.num_servers, " and ", spec.num_trainers));
+  }
+  if (spec.fabric_group_size < 1 || spec.num_trainers % spec.fabric_group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("fabric groups of ", spec.fabric_group_size,
+                                                   " do not divide ", spec.num_trainers, " trainers"));
   }
   std::error_code error;
   std::filesystem::create_directories(spec.run_dir, error);
@@ -129,6 +147,12 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     std::ofstream(spec.run_dir + "/prometheus.yml") << LocalPrometheusConfig(server_metrics, trainer_metrics);
   };
 
+  std::string topology_flag;
+  if (spec.fabric_group_size > 1) {
+    const std::string path = spec.run_dir + "/topology.json";
+    std::ofstream(path) << LocalTopology(addresses, spec.num_trainers, spec.fabric_group_size);
+    topology_flag = absl::StrCat("--topology=", path);
+  }
   std::vector<std::string> logs;
   for (int r = 0; r < spec.num_trainers; ++r) {
     const std::string metrics = MetricsAddress(spec.metrics_port_base, 100 + r);
@@ -136,6 +160,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                      absl::StrCat("--rank=", r), absl::StrCat("--metrics_address=", metrics)};
     if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
+    if (!topology_flag.empty()) argv.push_back(topology_flag);
     if (r != 0) argv.push_back("--log_every=0");
     logs.push_back(r == 0 ? std::string() : absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());

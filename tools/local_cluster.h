@@ -23,7 +23,14 @@ struct LocalClusterSpec {
   std::vector<std::string> server_flags;
   /// Flags passed to every trainer (servers and rank are added).
   std::vector<std::string> trainer_flags;
+  /// Trainers in fabric groups of this many consecutive ranks (1: none):
+  /// a topology file saying so goes to run_dir and to every trainer.
+  int fabric_group_size = 1;
 };
+
+/// A topology file for one node holding every server and trainer, with
+/// fabric groups of `group_size` consecutive ranks.
+std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size);
 
 /// A Prometheus scrape config for the given /metrics endpoints (jobs
 /// pshard-server and pshard-trainer, 1 s scrape interval).

@@ -43,6 +43,11 @@ ABSL_FLAG(int, micro_batches, 1, "micro-batches per trainer per step (gradient a
 ABSL_FLAG(bool, accumulate_on_trainer, false, "trainers push once per step instead of per micro-batch");
 ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
+ABSL_FLAG(int, fabric_group_size, 1,
+          "trainers form fabric groups of this many consecutive ranks (each fetches 1/G of every unit, the group "
+          "all-gathers and reduce-scatters over TCP, and pushes once); 1: no groups");
+ABSL_FLAG(std::string, checkpoint_dir, "", "servers write checkpoints here (and resume from the newest)");
+ABSL_FLAG(int64_t, checkpoint_every, 0, "servers checkpoint every this many steps (0: only at shutdown)");
 ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
@@ -94,7 +99,10 @@ int RunLocal() {
       absl::StrCat("--weight_decay=", absl::GetFlag(FLAGS_weight_decay)),
       absl::StrCat("--micro_batches=", absl::GetFlag(FLAGS_micro_batches)),
       absl::StrCat("--accumulate_on_trainer=", absl::GetFlag(FLAGS_accumulate_on_trainer) ? "true" : "false"),
+      absl::StrCat("--checkpoint_dir=", absl::GetFlag(FLAGS_checkpoint_dir)),
+      absl::StrCat("--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every)),
   };
+  spec.fabric_group_size = absl::GetFlag(FLAGS_fabric_group_size);
   spec.trainer_flags = {
       absl::StrCat("--steps=", steps),
       absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),

@@ -358,6 +358,24 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
   return transfer;
 }
 
+absl::StatusOr<std::vector<std::string>> ShardClient::Rendezvous(const std::string& group, int member, int size,
+                                                                const std::string& payload, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::RendezvousRequest request;
+  request.set_group(group);
+  request.set_member(member);
+  request.set_size(size);
+  request.set_payload(payload);
+  v1::RendezvousResponse response;
+  grpc::Status st = shards_[0]->stub->Rendezvous(&ctx, request, &response);
+  if (!st.ok()) {
+    return absl::Status(FromGrpcStatus(st).code(),
+                        absl::StrCat("rendezvous at ", shards_[0]->address, ": ", st.error_message()));
+  }
+  return std::vector<std::string>(response.payloads().begin(), response.payloads().end());
+}
+
 absl::StatusOr<std::vector<float>> ShardClient::ReadMasterUnit(int unit, std::optional<int64_t> version) {
   if (unit < 0 || unit >= static_cast<int>(layout_.partitions.size())) {
     return absl::InvalidArgumentError(absl::StrCat("unknown unit ", unit));

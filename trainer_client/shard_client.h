@@ -135,6 +135,12 @@ class ShardClient {
   /// published at that version and fails if a shard has moved past it.
   absl::StatusOr<std::vector<float>> ReadMasterUnit(int unit, std::optional<int64_t> version = std::nullopt);
 
+  /// Meets the other members of `group` at shard 0 (the Rendezvous RPC):
+  /// posts `payload` as `member` of `size` and returns every member's, in
+  /// member order; waits at most `timeout`.
+  absl::StatusOr<std::vector<std::string>> Rendezvous(const std::string& group, int member, int size,
+                                                     const std::string& payload, absl::Duration timeout);
+
  private:
   struct Shard;
   explicit ShardClient(Options options);

@@ -25,6 +25,7 @@
 #include "pshard/config.h"
 #include "trainer_client/peak_flops.h"
 #include "trainer_client/route_plan.h"
+#include "trainer_client/socket_group.h"
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 
@@ -58,6 +59,8 @@ ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joini
 ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
           "keep serving /metrics this long after the last step, so that Prometheus scrapes the final values "
           "(a few scrape intervals; a termination signal ends it early)");
+ABSL_FLAG(std::string, group_host, "127.0.0.1",
+          "address this trainer's fabric-group endpoint listens on and is reached at (on the group's fabric)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
 
 namespace {
@@ -119,13 +122,13 @@ int Run() {
     return 2;
   }
   if (topology) copts.transport_by_address = plan->TransportByAddress();
-  if (!plan->fabric_group.empty() && plan->fabric_group.size() > 1) {
-    std::fprintf(stderr,
-                 "pshard-trainer: the topology puts trainer %d in fabric group [%s]; groups of separate processes "
-                 "need the NCCL collective, which this build lacks (the shared-memory group serves threads of one "
-                 "process)\n",
-                 copts.trainer_rank, absl::StrJoin(plan->fabric_group, ",").c_str());
-    if (!absl::GetFlag(FLAGS_print_plan)) return 2;
+  const std::vector<int>& fabric_group = plan->fabric_group;
+  for (size_t i = 1; i < fabric_group.size(); ++i) {
+    if (fabric_group[i] != fabric_group[0] + static_cast<int>(i)) {
+      std::fprintf(stderr, "pshard-trainer: fabric group [%s] is not a run of consecutive ranks\n",
+                   absl::StrJoin(fabric_group, ",").c_str());
+      return 2;
+    }
   }
   double peak_flops = 0.0;
   if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
@@ -169,6 +172,27 @@ int Run() {
     return 2;
   }
   pshard::TrainerOptions topts;
+  std::unique_ptr<pshard::GroupCollective> group;
+  if (fabric_group.size() > 1) {
+    // The members meet at shard 0, then talk directly over TCP.
+    const int member = copts.trainer_rank - fabric_group[0];
+    const int size = static_cast<int>(fabric_group.size());
+    const std::string key = absl::StrCat("fabric:", absl::StrJoin(fabric_group, ","));
+    absl::StatusOr<std::unique_ptr<pshard::GroupCollective>> joined = pshard::JoinSocketGroup(
+        absl::GetFlag(FLAGS_group_host), member, size,
+        [&](const std::string& payload) {
+          return (*client)->Rendezvous(key, member, size, payload, copts.join_timeout);
+        },
+        copts.rpc_timeout);
+    if (!joined.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", joined.status().ToString().c_str());
+      return 1;
+    }
+    group = std::move(*joined);
+    topts.group = group.get();
+    std::fprintf(stderr, "pshard-trainer %d: member %d of fabric group [%s]\n", copts.trainer_rank, member,
+                 absl::StrJoin(fabric_group, ",").c_str());
+  }
   topts.batch = absl::GetFlag(FLAGS_batch);
   topts.seq_len = absl::GetFlag(FLAGS_seq_len);
   topts.prefetch_depth = absl::GetFlag(FLAGS_prefetch);

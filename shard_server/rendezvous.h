@@ -1,0 +1,72 @@
+// Meeting points for fabric groups: every member of a group posts a payload
+// and all of them learn every member's payload once the last arrives. A
+// round completes once; the next post to the same group starts a new round
+// (a group that restarts meets again).
+#ifndef PSHARD_SHARD_SERVER_RENDEZVOUS_H_
+#define PSHARD_SHARD_SERVER_RENDEZVOUS_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/deadline_timer.h"
+
+namespace pshard {
+
+class RendezvousTable {
+ public:
+  using Done = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
+  static constexpr size_t kMaxPayloadBytes = 4096;
+  static constexpr int kMaxGroupSize = 1024;
+
+  /// Posts `member`'s payload to `group` (of `size` members) and calls
+  /// `done` with all payloads in member order when the round completes, or
+  /// with DeadlineExceeded naming the members that did not post by
+  /// `deadline` (this member's post is then withdrawn). Bad arguments, or a
+  /// size that differs from the round's, fail at once and change nothing. A
+  /// member that posts again in an open round replaces its earlier post,
+  /// whose `done` gets Aborted.
+  void Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline, Done done);
+
+  /// Answers every waiting post with Unavailable, and every later one too
+  /// (the server is stopping).
+  void Close();
+
+  /// Open rounds (for tests and status).
+  int open_rounds() const;
+
+ private:
+  // Calls `done` at most once, whichever of completion, expiry or
+  // replacement comes first.
+  struct Waiter {
+    Done done;
+    std::atomic<bool> fired{false};
+    void Fire(absl::StatusOr<std::vector<std::string>> result) {
+      if (!fired.exchange(true)) done(std::move(result));
+    }
+  };
+  struct Round {
+    int size = 0;
+    int64_t id = 0;
+    std::vector<std::optional<std::string>> payloads;
+    std::vector<std::shared_ptr<Waiter>> waiters;
+  };
+  void Expire(const std::string& group, int64_t round_id, int member, std::shared_ptr<Waiter> waiter);
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, Round> rounds_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  DeadlineTimer timer_;
+};
+
+}  // namespace pshard
+
+#endif  // PSHARD_SHARD_SERVER_RENDEZVOUS_H_

@@ -1,0 +1,35 @@
+// A fabric group whose members are separate processes, on one host or on
+// hosts joined by a fast network: every pair of members shares one TCP
+// connection, each collective sends every member only the ranges it needs,
+// and reduce-scatter sums the members' parts in the canonical tree order of
+// member index, so the results equal the shared-memory group's bit for bit.
+// The members find each other through a rendezvous (the shard servers'
+// Rendezvous RPC): each posts its listening address and gets all of them.
+#ifndef PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
+#define PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "trainer_client/group_collective.h"
+
+namespace pshard {
+
+/// Posts this member's payload and returns every member's, in member order.
+using RendezvousFn = std::function<absl::StatusOr<std::vector<std::string>>(const std::string& payload)>;
+
+/// Joins member `rank` of a group of `size`: listens on `host` (any free
+/// port), meets the others through `rendezvous`, and connects to each of
+/// them. Every step, including each later collective, waits at most
+/// `timeout` and then fails naming the member it waited for.
+absl::StatusOr<std::unique_ptr<GroupCollective>> JoinSocketGroup(const std::string& host, int rank, int size,
+                                                                 const RendezvousFn& rendezvous,
+                                                                 absl::Duration timeout = absl::Seconds(120));
+
+}  // namespace pshard
+
+#endif  // PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
