@@ -40,6 +40,9 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
     s = group_->AllGather(t->values(), ShardOwnership(client_->layout().partitions[schedule_[i]], group_->size()));
     log_->busy.Add(gather_start, absl::Now());
   }
+  // Time this thread spends issuing or waiting is communication too, so
+  // busy time always covers exposed time.
+  log_->busy.Add(wait_start, absl::Now());
   log_->exposed += absl::Now() - wait_start;
   if (!s.ok()) return s;
   return t;

@@ -65,6 +65,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   }
   const absl::Time wait_start = absl::Now();
   absl::Status pushed = wait_pushes();
+  log.busy.Add(wait_start, absl::Now());
   log.exposed += absl::Now() - wait_start;
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(pushed);
@@ -150,12 +151,12 @@ absl::Status Trainer::PushUnit(int unit, int64_t step, int micro, std::vector<fl
   push.micro_batch = micro;
   if (GroupCollective* group = options_.group; group != nullptr) {
     RETURN_IF_ERROR(group->ReduceScatter(grads, ShardOwnership(client_->layout().partitions[unit], group->size())));
-    log->busy.Add(t0, absl::Now());
     push.first_rank = rank() - group->rank();
     push.rank_count = group->size();
     push.shards = MemberShards(client_->job().num_shards, group->size(), group->rank());
   }
   pushes->push_back(client_->StartPush(unit, step, std::move(grads), push));
+  log->busy.Add(t0, absl::Now());
   log->exposed += absl::Now() - t0;
   return absl::OkStatus();
 }
