@@ -104,18 +104,7 @@ class HostGroupMember final : public GroupCollective {
 
  private:
   absl::Status Check(std::span<float> buffer, const GroupOwnership& owned) const {
-    if (static_cast<int>(owned.size()) != size_) {
-      return absl::InvalidArgumentError(absl::StrCat("ownership lists ", owned.size(), " members; the group has ", size_));
-    }
-    for (const auto& ranges : owned) {
-      for (const ElementRange& r : ranges) {
-        if (r.begin < 0 || r.length < 0 || r.begin + r.length > static_cast<int64_t>(buffer.size())) {
-          return absl::InvalidArgumentError(absl::StrCat("range [", r.begin, ", ", r.begin + r.length,
-                                                         ") is outside a buffer of ", buffer.size()));
-        }
-      }
-    }
-    return absl::OkStatus();
+    return CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size_);
   }
 
   std::shared_ptr<Rendezvous> rendezvous_;
@@ -131,6 +120,22 @@ std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size, absl::Du
   std::vector<std::unique_ptr<GroupCollective>> members;
   for (int r = 0; r < size; ++r) members.push_back(std::make_unique<HostGroupMember>(rendezvous, size, r));
   return members;
+}
+
+absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size) {
+  if (static_cast<int>(owned.size()) != group_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ownership lists ", owned.size(), " members; the group has ", group_size));
+  }
+  for (const auto& ranges : owned) {
+    for (const ElementRange& r : ranges) {
+      if (r.begin < 0 || r.length < 0 || r.begin + r.length > buffer_size) {
+        return absl::InvalidArgumentError(absl::StrCat("range [", r.begin, ", ", r.begin + r.length,
+                                                       ") is outside a buffer of ", buffer_size));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 GroupOwnership ShardOwnership(const UnitPartition& partition, int group_size) {

@@ -52,6 +52,10 @@ class GroupCollective {
 std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size,
                                                               absl::Duration timeout = absl::Seconds(120));
 
+/// Checks that `owned` lists `group_size` members and that every range lies
+/// inside a buffer of `buffer_size` elements (the collectives' precondition).
+absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size);
+
 /// Shard s is fetched and pushed by member s % group_size: the ranges of
 /// each member in a unit with that partition.
 GroupOwnership ShardOwnership(const UnitPartition& partition, int group_size);

@@ -310,19 +310,7 @@ class SocketGroupMember final : public GroupCollective {
   }
 
   absl::Status Check(std::span<float> buffer, const GroupOwnership& owned) const {
-    if (static_cast<int>(owned.size()) != size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ownership lists ", owned.size(), " members; the group has ", size()));
-    }
-    for (const auto& ranges : owned) {
-      for (const ElementRange& r : ranges) {
-        if (r.begin < 0 || r.length < 0 || r.begin + r.length > static_cast<int64_t>(buffer.size())) {
-          return absl::InvalidArgumentError(absl::StrCat("range [", r.begin, ", ", r.begin + r.length,
-                                                         ") is outside a buffer of ", buffer.size()));
-        }
-      }
-    }
-    return absl::OkStatus();
+    return CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size());
   }
 
   const int rank_;

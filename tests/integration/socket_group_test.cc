@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -134,13 +135,21 @@ TEST_F(SocketGroupTest, CollectivesEqualTheSharedMemoryGroupBitForBit) {
 
 TEST_F(SocketGroupTest, AMemberThatNeverComesIsNamed) {
   const absl::Time start = absl::Now();
-  auto joined = JoinAll("lonely", 3, {0, 2}, absl::Seconds(1));
+  // Long enough for the server's answer (it answers a moment before the
+  // client's deadline) to arrive on a loaded machine.
+  auto joined = JoinAll("lonely", 3, {0, 2}, absl::Seconds(3));
   for (auto& j : joined) {
     ASSERT_FALSE(j.ok());
     EXPECT_EQ(j.status().code(), absl::StatusCode::kDeadlineExceeded) << j.status();
-    EXPECT_THAT(j.status().message(), HasSubstr("member(s) 1"));
+    // Member 1 never came; member 0 or 2, whichever gave up first, may be
+    // missing too by the time the other gives up.
+    const std::string m(j.status().message());
+    EXPECT_TRUE(absl::StrContains(m, "member(s) 1 did not arrive") ||
+                absl::StrContains(m, "member(s) 0,1 did not arrive") ||
+                absl::StrContains(m, "member(s) 1,2 did not arrive"))
+        << j.status();
   }
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 
 TEST_F(SocketGroupTest, AMemberThatDiesIsNamed) {
@@ -162,10 +171,13 @@ TEST_F(SocketGroupTest, MembersOutOfStepAreDetected) {
   std::vector<absl::Status> status = OnEach(2, buffers, [&](int m, std::span<float> b) {
     return m == 0 ? (*joined[0])->AllGather(b, owned) : (*joined[1])->ReduceScatter(b, owned);
   });
-  for (const absl::Status& s : status) {
-    EXPECT_FALSE(s.ok());
-    EXPECT_THAT(s.message(), HasSubstr("out of step"));
-  }
+  // Both fail; whoever reads the other's header first says why, and the
+  // other may see only its peer hanging up.
+  EXPECT_FALSE(status[0].ok());
+  EXPECT_FALSE(status[1].ok());
+  const bool explained = absl::StrContains(status[0].message(), "out of step") ||
+                         absl::StrContains(status[1].message(), "out of step");
+  EXPECT_TRUE(explained) << status[0] << " / " << status[1];
 }
 
 TEST_F(SocketGroupTest, BadOwnershipIsRefusedBeforeAnythingIsSent) {
