@@ -9,7 +9,7 @@
 
 namespace pshard {
 Trainer::Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options,
-                 CpuGpt<float> model)
+                 std::unique_ptr<UnitModel> model)
     : client_(client), data_(data), options_(options), model_(std::move(model)) {
   tokens_.resize(static_cast<size_t>(options.batch) * options.seq_len);
   targets_.resize(tokens_.size());
@@ -32,15 +32,16 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
     return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
                                                    " exceeds the model context ", client->job().model.context));
   }
-  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(client->layout().spec, options.batch, options.seq_len,
-                                                              options.recompute_blocks));
+  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model,
+                   CreateUnitModel(client->layout().spec, options.batch, options.seq_len, options.recompute_blocks,
+                                   options.device));
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
 }
 
 absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   const absl::Time step_start = absl::Now();
   const JobConfig& job = client_->job();
-  const int units = model_.num_units();
+  const int units = model_->num_units();
   StepReport report;
   report.step = step;
   TransferLog log;
@@ -83,7 +84,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   report.loss /= job.micro_batches;
   report.grad_norm = std::sqrt(report.grad_norm / job.micro_batches);
   report.tokens = static_cast<int64_t>(tokens_.size()) * job.micro_batches;
-  report.flops = model_.FlopsPerMicroBatch() * job.micro_batches;
+  report.flops = model_->FlopsPerMicroBatch() * job.micro_batches;
   report.bytes_fetched = log.bytes_fetched;
   report.bytes_pushed = log.bytes_pushed;
   report.fetch_latencies = std::move(log.fetch_latencies);
@@ -98,11 +99,11 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
   absl::Time t0 = absl::Now();
   RETURN_IF_ERROR(data_->SampleBatch(options_.data_seed, step, rank(), micro, options_.batch, options_.seq_len,
                                      tokens_, targets_));
-  RETURN_IF_ERROR(model_.SetBatch(tokens_, targets_));
+  RETURN_IF_ERROR(model_->SetBatch(tokens_, targets_));
   times.data += absl::Now() - t0;
 
   // Forward 0..K-1, then backward K-2..0: the last unit stays from forward.
-  const int k = model_.num_units();
+  const int k = model_->num_units();
   std::vector<int> schedule;
   for (int u = 0; u < k; ++u) schedule.push_back(u);
   for (int u = k - 2; u >= 0; --u) schedule.push_back(u);
@@ -113,11 +114,12 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
   for (int u = 0; u < k; ++u, ++position) {
     ASSIGN_OR_RETURN(std::shared_ptr<UnitTransfer> w, prefetch.Get(position));
     t0 = absl::Now();
-    model_.ForwardUnit(u, w->values());
+    RETURN_IF_ERROR(model_->ForwardUnit(u, w->values()));
     times.compute += absl::Now() - t0;
     if (u == k - 1) last_unit = w;
   }
-  report->loss += model_.loss();
+  ASSIGN_OR_RETURN(const double loss, model_->Loss());
+  report->loss += loss;
 
   double grad_sum_of_squares = 0.0;
   for (int u = k - 1; u >= 0; --u) {
@@ -127,7 +129,7 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
     }
     std::vector<float> grads(client_->layout().partitions[u].padded_numel(), 0.0f);
     t0 = absl::Now();
-    model_.BackwardUnit(u, w->values(), grads);
+    RETURN_IF_ERROR(model_->BackwardUnit(u, w->values(), grads));
     times.compute += absl::Now() - t0;
     grad_sum_of_squares += SumOfSquares(grads);
     w.reset();  // drop the weights as soon as they are used

@@ -13,7 +13,7 @@
 #include "trainer_client/data/dataset.h"
 #include "trainer_client/group_collective.h"
 #include "trainer_client/prefetcher.h"
-#include "trainer_client/model/gpt.h"
+#include "trainer_client/model/unit_model.h"
 #include "trainer_client/shard_client.h"
 
 namespace pshard {
@@ -27,6 +27,8 @@ struct TrainerOptions {
   /// recompute its internals in backward (CpuGpt's recompute_blocks):
   /// less activation memory for about one more forward of the blocks.
   bool recompute_blocks = false;
+  /// Where the model runs: "cpu", "cuda" or "auto" (see CreateUnitModel).
+  std::string device = "cpu";
   /// The fabric group this trainer belongs to (not owned; null: none). Its
   /// members are consecutive ranks starting at rank - group->rank().
   GroupCollective* group = nullptr;
@@ -67,10 +69,10 @@ class Trainer {
   absl::StatusOr<StepReport> RunStep(int64_t step);
 
   int rank() const { return client_->options().trainer_rank; }
-  const CpuGpt<float>& model() const { return model_; }
+  const UnitModel& model() const { return *model_; }
 
  private:
-  Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, CpuGpt<float> model);
+  Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, std::unique_ptr<UnitModel> model);
 
   /// Forward and backward of micro-batch `micro`; its gradients are pushed
   /// (or added to `accumulated`, one reducer per unit, when not null).
@@ -84,7 +86,7 @@ class Trainer {
   ShardClient* const client_;
   const TokenDataset* const data_;
   const TrainerOptions options_;
-  CpuGpt<float> model_;
+  std::unique_ptr<UnitModel> model_;
   std::vector<int32_t> tokens_, targets_;
 };
 

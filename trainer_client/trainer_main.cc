@@ -38,6 +38,8 @@ ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing (0: none)"
 ABSL_FLAG(bool, recompute, false,
           "keep only each block's input between forward and backward and recompute the block in backward "
           "(less activation memory, about one more forward of the blocks)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where the model runs: cpu, cuda (device 0; needs a CUDA build) or auto (cuda when built and present)");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
 ABSL_FLAG(std::string, transport, "auto",
           "data path to the servers: auto (UCX where built and offered, else gRPC), grpc or ucx");
@@ -162,8 +164,6 @@ int Run() {
     }
     return 0;
   }
-  // Labelled with the data path in use (shard 0's; "auto" may mix them).
-  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0), "cpu", peak_flops);
   const std::string path = absl::GetFlag(FLAGS_data);
   absl::StatusOr<pshard::TokenDataset> data =
       path.empty() ? pshard::TokenDataset::FromText(pshard::DefaultCorpus()) : pshard::TokenDataset::FromFile(path);
@@ -198,11 +198,17 @@ int Run() {
   topts.prefetch_depth = absl::GetFlag(FLAGS_prefetch);
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
   topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
+  topts.device = absl::GetFlag(FLAGS_device);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
   if (!trainer.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", trainer.status().ToString().c_str());
     return 2;
   }
+  const pshard::UnitModel& model = (*trainer)->model();
+  // Labelled with the data path in use (shard 0's; "auto" may mix them).
+  pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0),
+                                 model.DeviceName() == "cpu" ? "cpu" : "cuda", peak_flops);
+  metrics.SetModelMemory(model.ActivationBytes(), model.DeviceBytes());
   const pshard::JobConfig& job = (*client)->job();
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -210,13 +216,19 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
-                "prefetch %d; %s to shard 0, links %s; %.1f MiB of activations per trainer%s\n",
+                "prefetch %d; %s to shard 0, links %s; model on %s, %.1f MiB of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
                 std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
-                (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(),
-                (*trainer)->model().ActivationBytes() / 1048576.0,
-                topts.recompute_blocks ? " (blocks recomputed in backward)" : "");
+                (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(), model.DeviceName().c_str(),
+                model.ActivationBytes() / 1048576.0,
+                topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
+                model.DeviceBytes() > 0
+                    ? absl::StrCat(", ", absl::StrFormat("%.1f", model.DeviceBytes() / 1048576.0),
+                                   " MiB of device memory (activations + one unit of bf16 weights and of fp32 "
+                                   "gradients)")
+                          .c_str()
+                    : "");
     std::fflush(stdout);
   }
 

@@ -61,6 +61,14 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       grad_norm_(r.AddGauge("pshard_trainer_grad_norm", "L2 norm of this rank's last micro-batch gradient.")
                      .Add(Rank(rank))),
       step_(r.AddGauge("pshard_trainer_step", "The step this trainer completed last, plus one.").Add(Rank(rank))),
+      activation_bytes_(r.AddGauge("pshard_trainer_model_memory_bytes",
+                                   "Memory the model holds, by kind: activations (with gradient scratch), and "
+                                   "everything on its device (0 on the CPU).")
+                            .Add(With(Rank(rank), "kind", "activations"))),
+      device_bytes_(r.AddGauge("pshard_trainer_model_memory_bytes",
+                               "Memory the model holds, by kind: activations (with gradient scratch), and "
+                               "everything on its device (0 on the CPU).")
+                        .Add(With(Rank(rank), "kind", "device"))),
       peak_flops_(peak_flops) {
   r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
       .Add({{"version", PSHARD_VERSION}, {"role", "trainer"}, {"transport", transport}, {"device", device}})
@@ -89,6 +97,11 @@ void TrainerMetrics::RecordStep(const StepReport& report) {
   grad_norm_.Set(report.grad_norm);
   step_.Set(static_cast<double>(report.step + 1));
   if (mfu_ != nullptr && wall > 0) mfu_->Set(report.flops / wall / peak_flops_);
+}
+
+void TrainerMetrics::SetModelMemory(int64_t activation_bytes, int64_t device_bytes) {
+  activation_bytes_.Set(static_cast<double>(activation_bytes));
+  device_bytes_.Set(static_cast<double>(device_bytes));
 }
 
 }  // namespace pshard

@@ -20,6 +20,9 @@ class TrainerMetrics {
                  double peak_flops);
 
   void RecordStep(const StepReport& report);
+  /// The model's memory: activations (and gradient scratch), and all it
+  /// holds on its device (0 for the CPU model).
+  void SetModelMemory(int64_t activation_bytes, int64_t device_bytes);
 
  private:
   metrics::Counter& phase_compute_;
@@ -38,6 +41,8 @@ class TrainerMetrics {
   metrics::Gauge& grad_norm_;
   metrics::Gauge& step_;
   metrics::Gauge* mfu_ = nullptr;  // only when the peak rate is known
+  metrics::Gauge& activation_bytes_;
+  metrics::Gauge& device_bytes_;
   const double peak_flops_;
 };
 
