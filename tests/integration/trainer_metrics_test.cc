@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
@@ -61,7 +62,7 @@ RunResult Train(LocalCluster& cluster, int steps, int prefetch, const LinkSpec& 
     if (!report.ok()) return result;
     recorder.RecordStep(*report);
   }
-  result.metrics = "\n" + registry.Serialize();
+  result.metrics = absl::StrCat("\n", registry.Serialize());
   return result;
 }
 
