@@ -78,35 +78,34 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::strin
   }
 }
 
-absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline, const std::string& what) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    if (absl::Status s = WaitFor(fd, POLLOUT, deadline, what); !s.ok()) return s;
-    const ssize_t n = ::send(fd, p, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+// Moves all `size` bytes with `io` (one send or recv, non-blocking),
+// waiting for `events` between tries; fails at `deadline` saying `what`.
+template <typename Io>
+absl::Status MoveAll(int fd, short events, size_t size, absl::Time deadline, const std::string& what, Io io) {
+  size_t done = 0;
+  while (done < size) {
+    if (absl::Status s = WaitFor(fd, events, deadline, what); !s.ok()) return s;
+    const ssize_t n = io(done, size - done);
+    if (n == 0 && events == POLLIN) return absl::UnavailableError(absl::StrCat(what, ": connection closed"));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
     }
-    p += n;
-    size -= static_cast<size_t>(n);
+    done += static_cast<size_t>(n);
   }
   return absl::OkStatus();
 }
 
+absl::Status SendAll(int fd, const void* data, size_t size, absl::Time deadline, const std::string& what) {
+  const char* p = static_cast<const char*>(data);
+  return MoveAll(fd, POLLOUT, size, deadline, what, [&](size_t at, size_t n) {
+    return ::send(fd, p + at, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+  });
+}
+
 absl::Status RecvAll(int fd, void* data, size_t size, absl::Time deadline, const std::string& what) {
   char* p = static_cast<char*>(data);
-  while (size > 0) {
-    if (absl::Status s = WaitFor(fd, POLLIN, deadline, what); !s.ok()) return s;
-    const ssize_t n = ::recv(fd, p, size, MSG_DONTWAIT);
-    if (n == 0) return absl::UnavailableError(absl::StrCat(what, ": connection closed"));
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  return MoveAll(fd, POLLIN, size, deadline, what, [&](size_t at, size_t n) { return ::recv(fd, p + at, n, MSG_DONTWAIT); });
 }
 
 void NoDelay(int fd) {
