@@ -26,6 +26,9 @@
 #include "trainer_client/peak_flops.h"
 #include "trainer_client/route_plan.h"
 #include "trainer_client/socket_group.h"
+#if PSHARD_WITH_NCCL
+#include "trainer_client/nccl_group.h"
+#endif
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 
@@ -39,7 +42,9 @@ ABSL_FLAG(bool, recompute, false,
           "keep only each block's input between forward and backward and recompute the block in backward "
           "(less activation memory, about one more forward of the blocks)");
 ABSL_FLAG(std::string, device, "cpu",
-          "where the model runs: cpu, cuda (device 0; needs a CUDA build) or auto (cuda when built and present)");
+          "where the model runs: cpu, cuda or cuda:N (needs a CUDA build), or auto (cuda when built and present)");
+ABSL_FLAG(std::string, group_backend, "tcp",
+          "fabric-group collectives: tcp (any trainers) or nccl (GPU trainers; needs an NCCL build)");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
 ABSL_FLAG(std::string, transport, "auto",
           "data path to the servers: auto (UCX where built and offered, else gRPC), grpc or ucx");
@@ -178,12 +183,24 @@ int Run() {
     const int member = copts.trainer_rank - fabric_group[0];
     const int size = static_cast<int>(fabric_group.size());
     const std::string key = absl::StrCat("fabric:", absl::StrJoin(fabric_group, ","));
-    absl::StatusOr<std::unique_ptr<pshard::GroupCollective>> joined = pshard::JoinSocketGroup(
-        absl::GetFlag(FLAGS_group_host), member, size,
-        [&](const std::string& payload) {
-          return (*client)->Rendezvous(key, member, size, payload, copts.join_timeout);
-        },
-        copts.rpc_timeout);
+    const pshard::RendezvousFn rendezvous = [&](const std::string& payload) {
+      return (*client)->Rendezvous(key, member, size, payload, copts.join_timeout);
+    };
+    absl::StatusOr<std::unique_ptr<pshard::GroupCollective>> joined;
+    if (const std::string backend = absl::GetFlag(FLAGS_group_backend); backend == "tcp") {
+      joined = pshard::JoinSocketGroup(absl::GetFlag(FLAGS_group_host), member, size, rendezvous, copts.rpc_timeout);
+    } else if (backend == "nccl") {
+#if PSHARD_WITH_NCCL
+      const std::string device = absl::GetFlag(FLAGS_device);
+      int index = 0;
+      if (device.rfind("cuda:", 0) == 0) absl::SimpleAtoi(device.substr(5), &index);
+      joined = pshard::JoinNcclGroup(member, size, index, rendezvous);
+#else
+      joined = absl::FailedPreconditionError("--group_backend=nccl needs a build with -DPSHARD_WITH_NCCL=ON");
+#endif
+    } else {
+      joined = absl::InvalidArgumentError(absl::StrCat("--group_backend=", backend, ": expected tcp or nccl"));
+    }
     if (!joined.ok()) {
       std::fprintf(stderr, "pshard-trainer: %s\n", joined.status().ToString().c_str());
       return 1;

@@ -1,6 +1,7 @@
 // The trainer's choice of model: the CPU GPT, or the CUDA one where built.
 #include "trainer_client/model/unit_model.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "pshard/config.h"
@@ -49,19 +50,25 @@ absl::StatusOr<std::unique_ptr<UnitModel>> CreateCpu(const ModelSpec& spec, int 
 absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, int batch, int seq_len,
                                                            bool recompute_blocks, const std::string& device) {
   if (device == "cpu") return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  if (device != "cuda" && device != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown device \"", device, "\"; expected cpu, cuda or auto"));
+  int index = 0;
+  const bool cuda_n = device.rfind("cuda:", 0) == 0;
+  if (cuda_n && (!absl::SimpleAtoi(device.substr(5), &index) || index < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": expected cuda:N with N >= 0"));
+  }
+  if (device != "cuda" && device != "auto" && !cuda_n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown device \"", device, "\"; expected cpu, cuda, cuda:N or auto"));
   }
 #if PSHARD_WITH_CUDA
   if (recompute_blocks) {
     return absl::UnimplementedError("activation recomputation exists in the CPU model only");
   }
   if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  return CudaUnitModel::Create(spec, batch, seq_len, /*device=*/0);
+  return CudaUnitModel::Create(spec, batch, seq_len, index);
 #else
   if (device == "auto") return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  return absl::FailedPreconditionError(
-      "device \"cuda\" was asked for but this build has no CUDA (configure with -DPSHARD_WITH_CUDA=ON)");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "device \"", device, "\" was asked for but this build has no CUDA (configure with -DPSHARD_WITH_CUDA=ON)"));
 #endif
 }
 

@@ -2,11 +2,13 @@
 # The checks that need an NVIDIA GPU, in one run:
 #   bench/gpu/device_checks.sh BIN_DIR OUT_DIR
 # BIN_DIR holds a -DPSHARD_WITH_CUDA=ON build's binaries (pshard,
-# pshard-server, pshard-trainer, cuda_gpt_test, cuda_trainer_test); every
+# pshard-server, pshard-trainer, cuda_gpt_test, cuda_trainer_test and, with
+# -DPSHARD_WITH_NCCL=ON, nccl_group_test); every
 # result goes to OUT_DIR (one log per check, and summary.txt).
 #  1. cuda_gpt_test: the CUDA model against the CPU fp32 model, op by op.
 #  2. cuda_trainer_test: GPU and CPU trainers on the same job agree within
-#     bf16 precision.
+#     bf16 precision; nccl_group_test: an NCCL group of one (its unique id
+#     through the servers' rendezvous) trains bit-identically to no group.
 #  3. The GPT-2 124M configuration (12 layers, width 768, 12 heads, context
 #     1024, byte vocabulary) trains 50 steps on the GPU against a shard server
 #     on the same machine; the loss must fall.
@@ -21,7 +23,7 @@ note() { echo "$*" | tee -a "$summary"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 note "gpu: $(cat "$out/gpu.txt")"
 
-for t in cuda_gpt_test cuda_trainer_test; do
+for t in cuda_gpt_test cuda_trainer_test nccl_group_test; do
   if [[ -x $bin/$t ]]; then
     "$bin/$t" > "$out/$t.log" 2>&1
     note "$t: exit $? ($(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/$t.log" | tr '\n' ' '))"

@@ -46,7 +46,7 @@ TEST_F(TrainerDeviceTest, UnknownDevicesAreRefused) {
   auto trainer = Make("tpu");
   ASSERT_FALSE(trainer.ok());
   EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(trainer.status().message(), HasSubstr("expected cpu, cuda or auto"));
+  EXPECT_THAT(trainer.status().message(), HasSubstr("expected cpu, cuda, cuda:N or auto"));
 }
 
 TEST_F(TrainerDeviceTest, CudaNeedsACudaBuild) {

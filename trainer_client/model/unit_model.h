@@ -43,8 +43,9 @@ class UnitModel {
   virtual std::string DeviceName() const = 0;
 };
 
-/// The trainer's model on `device`: "cpu", "cuda" (CUDA device 0; an error
-/// in builds without PSHARD_WITH_CUDA or without a usable device), or "auto"
+/// The trainer's model on `device`: "cpu", "cuda" or "cuda:N" (CUDA device 0
+/// or N; an error in builds without PSHARD_WITH_CUDA or without that
+/// device), or "auto"
 /// (CUDA when this build has it and a device is present, else the CPU).
 /// `recompute_blocks` is the CPU model's activation recomputation.
 absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, int batch, int seq_len,

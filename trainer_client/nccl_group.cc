@@ -1,0 +1,167 @@
+#include "trainer_client/nccl_group.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace pshard {
+namespace {
+
+absl::Status NcclStatus(const char* call, ncclResult_t r) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed: ", ncclGetErrorString(r)));
+}
+
+absl::Status CudaStatus(const char* call, cudaError_t e) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(e)));
+}
+
+#define PSHARD_NCCL(call) \
+  if (absl::Status s = NcclStatus(#call, call); !s.ok()) return s
+#define PSHARD_CUDA(call) \
+  if (absl::Status s = CudaStatus(#call, call); !s.ok()) return s
+
+int64_t Count(const std::vector<ElementRange>& ranges) {
+  int64_t n = 0;
+  for (const ElementRange& r : ranges) n += r.length;
+  return n;
+}
+
+class NcclGroupMember final : public GroupCollective {
+ public:
+  NcclGroupMember(int rank, int size, int device, ncclComm_t comm, cudaStream_t stream)
+      : rank_(rank), size_(size), device_(device), comm_(comm), stream_(stream) {}
+
+  ~NcclGroupMember() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    ncclCommDestroy(comm_);
+    cudaFree(send_);
+    cudaFree(recv_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+  absl::Status AllGather(std::span<float> buffer, const GroupOwnership& owned) override {
+    if (absl::Status s = CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size_); !s.ok()) return s;
+    const int64_t part = LongestPart(owned);
+    if (absl::Status s = Reserve(part, part * size_); !s.ok()) return s;
+    std::vector<float> packed(part, 0.0f);
+    Pack(buffer, owned[rank_], packed.data());
+    PSHARD_CUDA(cudaSetDevice(device_));
+    PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), part * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    PSHARD_NCCL(ncclAllGather(send_, recv_, part, ncclFloat32, comm_, stream_));
+    std::vector<float> gathered(part * size_);
+    PSHARD_CUDA(cudaMemcpyAsync(gathered.data(), recv_, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                stream_));
+    PSHARD_CUDA(cudaStreamSynchronize(stream_));
+    for (int m = 0; m < size_; ++m) {
+      if (m != rank_) Unpack(gathered.data() + m * part, owned[m], buffer);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ReduceScatter(std::span<float> buffer, const GroupOwnership& owned) override {
+    if (absl::Status s = CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size_); !s.ok()) return s;
+    const int64_t part = LongestPart(owned);
+    if (absl::Status s = Reserve(part * size_, part); !s.ok()) return s;
+    std::vector<float> packed(part * size_, 0.0f);
+    for (int m = 0; m < size_; ++m) Pack(buffer, owned[m], packed.data() + m * part);
+    PSHARD_CUDA(cudaSetDevice(device_));
+    PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                stream_));
+    PSHARD_NCCL(ncclReduceScatter(send_, recv_, part, ncclFloat32, ncclSum, comm_, stream_));
+    std::vector<float> mine(part);
+    PSHARD_CUDA(cudaMemcpyAsync(mine.data(), recv_, part * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    PSHARD_CUDA(cudaStreamSynchronize(stream_));
+    Unpack(mine.data(), owned[rank_], buffer);
+    return absl::OkStatus();
+  }
+
+ private:
+  static int64_t LongestPart(const GroupOwnership& owned) {
+    int64_t longest = 0;
+    for (const auto& ranges : owned) longest = std::max(longest, Count(ranges));
+    return std::max<int64_t>(longest, 1);
+  }
+  static void Pack(std::span<const float> buffer, const std::vector<ElementRange>& ranges, float* out) {
+    for (const ElementRange& r : ranges) {
+      std::memcpy(out, buffer.data() + r.begin, r.length * sizeof(float));
+      out += r.length;
+    }
+  }
+  static void Unpack(const float* in, const std::vector<ElementRange>& ranges, std::span<float> buffer) {
+    for (const ElementRange& r : ranges) {
+      std::memcpy(buffer.data() + r.begin, in, r.length * sizeof(float));
+      in += r.length;
+    }
+  }
+  // Device buffers of at least `send` and `recv` floats.
+  absl::Status Reserve(int64_t send, int64_t recv) {
+    PSHARD_CUDA(cudaSetDevice(device_));
+    if (send > send_floats_) {
+      cudaFree(send_);
+      send_ = nullptr;
+      PSHARD_CUDA(cudaMalloc(reinterpret_cast<void**>(&send_), send * sizeof(float)));
+      send_floats_ = send;
+    }
+    if (recv > recv_floats_) {
+      cudaFree(recv_);
+      recv_ = nullptr;
+      PSHARD_CUDA(cudaMalloc(reinterpret_cast<void**>(&recv_), recv * sizeof(float)));
+      recv_floats_ = recv;
+    }
+    return absl::OkStatus();
+  }
+
+  const int rank_;
+  const int size_;
+  const int device_;
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  float* send_ = nullptr;
+  float* recv_ = nullptr;
+  int64_t send_floats_ = 0;
+  int64_t recv_floats_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GroupCollective>> JoinNcclGroup(int rank, int size, int device,
+                                                               const RendezvousFn& rendezvous) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("NCCL group member ", rank, " of ", size, " is out of range"));
+  }
+  PSHARD_CUDA(cudaSetDevice(device));
+  ncclUniqueId id{};
+  std::string payload;
+  if (rank == 0) {
+    PSHARD_NCCL(ncclGetUniqueId(&id));
+    payload.assign(reinterpret_cast<const char*>(&id), sizeof(id));
+  }
+  absl::StatusOr<std::vector<std::string>> posted = rendezvous(payload);
+  if (!posted.ok()) return posted.status();
+  if (posted->empty() || (*posted)[0].size() != sizeof(id)) {
+    return absl::InternalError("NCCL group: member 0 posted no unique id to the rendezvous");
+  }
+  std::memcpy(&id, (*posted)[0].data(), sizeof(id));
+  ncclComm_t comm = nullptr;
+  PSHARD_NCCL(ncclCommInitRank(&comm, size, id, rank));
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    ncclCommDestroy(comm);
+    return CudaStatus("cudaStreamCreateWithFlags", e);
+  }
+  return std::unique_ptr<GroupCollective>(new NcclGroupMember(rank, size, device, comm, stream));
+}
+
+}  // namespace pshard
