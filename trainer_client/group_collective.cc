@@ -122,6 +122,26 @@ std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size, absl::Du
   return members;
 }
 
+int64_t RangeElements(const std::vector<ElementRange>& ranges) {
+  int64_t n = 0;
+  for (const ElementRange& r : ranges) n += r.length;
+  return n;
+}
+
+void PackRanges(std::span<const float> buffer, const std::vector<ElementRange>& ranges, float* out) {
+  for (const ElementRange& r : ranges) {
+    std::memcpy(out, buffer.data() + r.begin, r.length * sizeof(float));
+    out += r.length;
+  }
+}
+
+void UnpackRanges(const float* in, const std::vector<ElementRange>& ranges, std::span<float> buffer) {
+  for (const ElementRange& r : ranges) {
+    std::memcpy(buffer.data() + r.begin, in, r.length * sizeof(float));
+    in += r.length;
+  }
+}
+
 absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size) {
   if (static_cast<int>(owned.size()) != group_size) {
     return absl::InvalidArgumentError(

@@ -52,6 +52,13 @@ class GroupCollective {
 std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size,
                                                               absl::Duration timeout = absl::Seconds(120));
 
+/// Elements in `ranges`.
+int64_t RangeElements(const std::vector<ElementRange>& ranges);
+/// Copies `buffer`'s elements in `ranges`, in order, to `out` (which holds
+/// RangeElements(ranges)); UnpackRanges puts them back.
+void PackRanges(std::span<const float> buffer, const std::vector<ElementRange>& ranges, float* out);
+void UnpackRanges(const float* in, const std::vector<ElementRange>& ranges, std::span<float> buffer);
+
 /// Checks that `owned` lists `group_size` members and that every range lies
 /// inside a buffer of `buffer_size` elements (the collectives' precondition).
 absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size);

@@ -28,12 +28,6 @@ absl::Status CudaStatus(const char* call, cudaError_t e) {
 #define PSHARD_CUDA(call) \
   if (absl::Status s = CudaStatus(#call, call); !s.ok()) return s
 
-int64_t Count(const std::vector<ElementRange>& ranges) {
-  int64_t n = 0;
-  for (const ElementRange& r : ranges) n += r.length;
-  return n;
-}
-
 class NcclGroupMember final : public GroupCollective {
  public:
   NcclGroupMember(int rank, int size, int device, ncclComm_t comm, cudaStream_t stream)
@@ -56,7 +50,7 @@ class NcclGroupMember final : public GroupCollective {
     const int64_t part = LongestPart(owned);
     if (absl::Status s = Reserve(part, part * size_); !s.ok()) return s;
     std::vector<float> packed(part, 0.0f);
-    Pack(buffer, owned[rank_], packed.data());
+    PackRanges(buffer, owned[rank_], packed.data());
     PSHARD_CUDA(cudaSetDevice(device_));
     PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), part * sizeof(float), cudaMemcpyHostToDevice, stream_));
     PSHARD_NCCL(ncclAllGather(send_, recv_, part, ncclFloat32, comm_, stream_));
@@ -65,7 +59,7 @@ class NcclGroupMember final : public GroupCollective {
                                 stream_));
     PSHARD_CUDA(cudaStreamSynchronize(stream_));
     for (int m = 0; m < size_; ++m) {
-      if (m != rank_) Unpack(gathered.data() + m * part, owned[m], buffer);
+      if (m != rank_) UnpackRanges(gathered.data() + m * part, owned[m], buffer);
     }
     return absl::OkStatus();
   }
@@ -75,7 +69,7 @@ class NcclGroupMember final : public GroupCollective {
     const int64_t part = LongestPart(owned);
     if (absl::Status s = Reserve(part * size_, part); !s.ok()) return s;
     std::vector<float> packed(part * size_, 0.0f);
-    for (int m = 0; m < size_; ++m) Pack(buffer, owned[m], packed.data() + m * part);
+    for (int m = 0; m < size_; ++m) PackRanges(buffer, owned[m], packed.data() + m * part);
     PSHARD_CUDA(cudaSetDevice(device_));
     PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice,
                                 stream_));
@@ -83,27 +77,15 @@ class NcclGroupMember final : public GroupCollective {
     std::vector<float> mine(part);
     PSHARD_CUDA(cudaMemcpyAsync(mine.data(), recv_, part * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     PSHARD_CUDA(cudaStreamSynchronize(stream_));
-    Unpack(mine.data(), owned[rank_], buffer);
+    UnpackRanges(mine.data(), owned[rank_], buffer);
     return absl::OkStatus();
   }
 
  private:
   static int64_t LongestPart(const GroupOwnership& owned) {
     int64_t longest = 0;
-    for (const auto& ranges : owned) longest = std::max(longest, Count(ranges));
+    for (const auto& ranges : owned) longest = std::max(longest, RangeElements(ranges));
     return std::max<int64_t>(longest, 1);
-  }
-  static void Pack(std::span<const float> buffer, const std::vector<ElementRange>& ranges, float* out) {
-    for (const ElementRange& r : ranges) {
-      std::memcpy(out, buffer.data() + r.begin, r.length * sizeof(float));
-      out += r.length;
-    }
-  }
-  static void Unpack(const float* in, const std::vector<ElementRange>& ranges, std::span<float> buffer) {
-    for (const ElementRange& r : ranges) {
-      std::memcpy(buffer.data() + r.begin, in, r.length * sizeof(float));
-      in += r.length;
-    }
   }
   // Device buffers of at least `send` and `recv` floats.
   absl::Status Reserve(int64_t send, int64_t recv) {

@@ -234,23 +234,14 @@ class SocketGroupMember final : public GroupCollective {
   }
 
  private:
-  static int64_t Count(const std::vector<ElementRange>& ranges) {
-    int64_t n = 0;
-    for (const ElementRange& r : ranges) n += r.length;
-    return n;
-  }
+  static int64_t Count(const std::vector<ElementRange>& ranges) { return RangeElements(ranges); }
   static std::vector<float> Pack(std::span<const float> buffer, const std::vector<ElementRange>& ranges) {
-    std::vector<float> out;
-    out.reserve(Count(ranges));
-    for (const ElementRange& r : ranges) out.insert(out.end(), buffer.begin() + r.begin, buffer.begin() + r.begin + r.length);
+    std::vector<float> out(RangeElements(ranges));
+    PackRanges(buffer, ranges, out.data());
     return out;
   }
   static void Unpack(const std::vector<float>& packed, const std::vector<ElementRange>& ranges, std::span<float> buffer) {
-    int64_t at = 0;
-    for (const ElementRange& r : ranges) {
-      std::memcpy(buffer.data() + r.begin, packed.data() + at, r.length * sizeof(float));
-      at += r.length;
-    }
+    UnpackRanges(packed.data(), ranges, buffer);
   }
 
   std::string Peer(int m) const { return absl::StrCat("member ", m, " (", addresses_[m], ")"); }
