@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "trainer_client/model/cuda/cuda_check.h"
 
 namespace pshard {
 namespace {
@@ -18,15 +19,8 @@ absl::Status NcclStatus(const char* call, ncclResult_t r) {
   return absl::InternalError(absl::StrCat(call, " failed: ", ncclGetErrorString(r)));
 }
 
-absl::Status CudaStatus(const char* call, cudaError_t e) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(e)));
-}
-
 #define PSHARD_NCCL(call) \
   if (absl::Status s = NcclStatus(#call, call); !s.ok()) return s
-#define PSHARD_CUDA(call) \
-  if (absl::Status s = CudaStatus(#call, call); !s.ok()) return s
 
 class NcclGroupMember final : public GroupCollective {
  public:
@@ -51,13 +45,13 @@ class NcclGroupMember final : public GroupCollective {
     if (absl::Status s = Reserve(part, part * size_); !s.ok()) return s;
     std::vector<float> packed(part, 0.0f);
     PackRanges(buffer, owned[rank_], packed.data());
-    PSHARD_CUDA(cudaSetDevice(device_));
-    PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), part * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(send_, packed.data(), part * sizeof(float), cudaMemcpyHostToDevice, stream_));
     PSHARD_NCCL(ncclAllGather(send_, recv_, part, ncclFloat32, comm_, stream_));
     std::vector<float> gathered(part * size_);
-    PSHARD_CUDA(cudaMemcpyAsync(gathered.data(), recv_, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost,
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(gathered.data(), recv_, gathered.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                 stream_));
-    PSHARD_CUDA(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     for (int m = 0; m < size_; ++m) {
       if (m != rank_) UnpackRanges(gathered.data() + m * part, owned[m], buffer);
     }
@@ -70,13 +64,13 @@ class NcclGroupMember final : public GroupCollective {
     if (absl::Status s = Reserve(part * size_, part); !s.ok()) return s;
     std::vector<float> packed(part * size_, 0.0f);
     for (int m = 0; m < size_; ++m) PackRanges(buffer, owned[m], packed.data() + m * part);
-    PSHARD_CUDA(cudaSetDevice(device_));
-    PSHARD_CUDA(cudaMemcpyAsync(send_, packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice,
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(send_, packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice,
                                 stream_));
     PSHARD_NCCL(ncclReduceScatter(send_, recv_, part, ncclFloat32, ncclSum, comm_, stream_));
     std::vector<float> mine(part);
-    PSHARD_CUDA(cudaMemcpyAsync(mine.data(), recv_, part * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    PSHARD_CUDA(cudaStreamSynchronize(stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(mine.data(), recv_, part * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     UnpackRanges(mine.data(), owned[rank_], buffer);
     return absl::OkStatus();
   }
@@ -89,17 +83,17 @@ class NcclGroupMember final : public GroupCollective {
   }
   // Device buffers of at least `send` and `recv` floats.
   absl::Status Reserve(int64_t send, int64_t recv) {
-    PSHARD_CUDA(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     if (send > send_floats_) {
       cudaFree(send_);
       send_ = nullptr;
-      PSHARD_CUDA(cudaMalloc(reinterpret_cast<void**>(&send_), send * sizeof(float)));
+      CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&send_), send * sizeof(float)));
       send_floats_ = send;
     }
     if (recv > recv_floats_) {
       cudaFree(recv_);
       recv_ = nullptr;
-      PSHARD_CUDA(cudaMalloc(reinterpret_cast<void**>(&recv_), recv * sizeof(float)));
+      CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&recv_), recv * sizeof(float)));
       recv_floats_ = recv;
     }
     return absl::OkStatus();
@@ -123,7 +117,7 @@ absl::StatusOr<std::unique_ptr<GroupCollective>> JoinNcclGroup(int rank, int siz
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("NCCL group member ", rank, " of ", size, " is out of range"));
   }
-  PSHARD_CUDA(cudaSetDevice(device));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   ncclUniqueId id{};
   std::string payload;
   if (rank == 0) {
@@ -141,7 +135,7 @@ absl::StatusOr<std::unique_ptr<GroupCollective>> JoinNcclGroup(int rank, int siz
   cudaStream_t stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
     ncclCommDestroy(comm);
-    return CudaStatus("cudaStreamCreateWithFlags", e);
+    return internal::CudaError("cudaStreamCreateWithFlags", e, __FILE__, __LINE__);
   }
   return std::unique_ptr<GroupCollective>(new NcclGroupMember(rank, size, device, comm, stream));
 }

@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -194,12 +193,12 @@ class SocketGroupMember final : public GroupCollective {
     const std::vector<float> mine = Pack(buffer, owned[rank_]);
     std::vector<std::vector<float>> received;
     if (absl::Status s = Exchange(Op::kAllGather, [&](int) -> const std::vector<float>& { return mine; },
-                                  [&](int peer) { return Count(owned[peer]); }, &received);
+                                  [&](int peer) { return RangeElements(owned[peer]); }, &received);
         !s.ok()) {
       return s;
     }
     for (int m = 0; m < size(); ++m) {
-      if (m != rank_) Unpack(received[m], owned[m], buffer);
+      if (m != rank_) UnpackRanges(received[m].data(), owned[m], buffer);
     }
     return absl::OkStatus();
   }
@@ -211,7 +210,7 @@ class SocketGroupMember final : public GroupCollective {
       if (m != rank_) outgoing[m] = Pack(buffer, owned[m]);
     }
     std::vector<std::vector<float>> received;
-    const int64_t mine = Count(owned[rank_]);
+    const int64_t mine = RangeElements(owned[rank_]);
     if (absl::Status s = Exchange(Op::kReduceScatter,
                                   [&](int peer) -> const std::vector<float>& { return outgoing[peer]; },
                                   [&](int) { return mine; }, &received);
@@ -234,14 +233,10 @@ class SocketGroupMember final : public GroupCollective {
   }
 
  private:
-  static int64_t Count(const std::vector<ElementRange>& ranges) { return RangeElements(ranges); }
   static std::vector<float> Pack(std::span<const float> buffer, const std::vector<ElementRange>& ranges) {
     std::vector<float> out(RangeElements(ranges));
     PackRanges(buffer, ranges, out.data());
     return out;
-  }
-  static void Unpack(const std::vector<float>& packed, const std::vector<ElementRange>& ranges, std::span<float> buffer) {
-    UnpackRanges(packed.data(), ranges, buffer);
   }
 
   std::string Peer(int m) const { return absl::StrCat("member ", m, " (", addresses_[m], ")"); }

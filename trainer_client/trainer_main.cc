@@ -191,10 +191,8 @@ int Run() {
       joined = pshard::JoinSocketGroup(absl::GetFlag(FLAGS_group_host), member, size, rendezvous, copts.rpc_timeout);
     } else if (backend == "nccl") {
 #if PSHARD_WITH_NCCL
-      const std::string device = absl::GetFlag(FLAGS_device);
-      int index = 0;
-      if (device.rfind("cuda:", 0) == 0) absl::SimpleAtoi(device.substr(5), &index);
-      joined = pshard::JoinNcclGroup(member, size, index, rendezvous);
+      absl::StatusOr<int> index = pshard::CudaDeviceIndex(absl::GetFlag(FLAGS_device));
+      joined = index.ok() ? pshard::JoinNcclGroup(member, size, *index, rendezvous) : index.status();
 #else
       joined = absl::FailedPreconditionError("--group_backend=nccl needs a build with -DPSHARD_WITH_NCCL=ON");
 #endif

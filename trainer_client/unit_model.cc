@@ -47,24 +47,30 @@ absl::StatusOr<std::unique_ptr<UnitModel>> CreateCpu(const ModelSpec& spec, int 
 
 }  // namespace
 
+absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
+  if (device == "cuda" || device == "auto") return 0;
+  int index = 0;
+  if (device.rfind("cuda:", 0) == 0) {
+    if (!absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": expected cuda:N with N >= 0"));
+    }
+    return index;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device \"", device, "\"; expected cpu, cuda, cuda:N or auto"));
+}
+
 absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, int batch, int seq_len,
                                                            bool recompute_blocks, const std::string& device) {
   if (device == "cpu") return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  int index = 0;
-  const bool cuda_n = device.rfind("cuda:", 0) == 0;
-  if (cuda_n && (!absl::SimpleAtoi(device.substr(5), &index) || index < 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("device \"", device, "\": expected cuda:N with N >= 0"));
-  }
-  if (device != "cuda" && device != "auto" && !cuda_n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown device \"", device, "\"; expected cpu, cuda, cuda:N or auto"));
-  }
+  const absl::StatusOr<int> index = CudaDeviceIndex(device);
+  if (!index.ok()) return index.status();
 #if PSHARD_WITH_CUDA
+  if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, batch, seq_len, recompute_blocks);
   if (recompute_blocks) {
     return absl::UnimplementedError("activation recomputation exists in the CPU model only");
   }
-  if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  return CudaUnitModel::Create(spec, batch, seq_len, index);
+  return CudaUnitModel::Create(spec, batch, seq_len, *index);
 #else
   if (device == "auto") return CreateCpu(spec, batch, seq_len, recompute_blocks);
   return absl::FailedPreconditionError(absl::StrCat(

@@ -43,6 +43,10 @@ class UnitModel {
   virtual std::string DeviceName() const = 0;
 };
 
+/// The CUDA device a device name means: 0 for "cuda" (and "auto"), N for
+/// "cuda:N"; InvalidArgument for anything else but "cpu".
+absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
+
 /// The trainer's model on `device`: "cpu", "cuda" or "cuda:N" (CUDA device 0
 /// or N; an error in builds without PSHARD_WITH_CUDA or without that
 /// device), or "auto"

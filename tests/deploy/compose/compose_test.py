@@ -181,17 +181,16 @@ def free_port():
 class Stack:
     """One podman-compose project of the shipped compose files."""
 
-    def __init__(self, name, files, env, cwd=COMPOSE_DIR):
+    def __init__(self, name, files, env):
         self.name = name
         self.files = files
         self.env = env
-        self.cwd = cwd
 
     def compose(self, *args, timeout=600):
         cmd = ["podman-compose", "-p", self.name]
         for f in self.files:
             cmd += ["-f", f]
-        return run(cmd + list(args), env=self.env, cwd=self.cwd, timeout=timeout)
+        return run(cmd + list(args), env=self.env, cwd=COMPOSE_DIR, timeout=timeout)
 
     def container(self, service):
         return f"{self.name}_{service}_1"
