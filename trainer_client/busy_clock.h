@@ -1,5 +1,7 @@
 // Wall time during which at least one of a set of intervals was open: the
-// "communication busy" time of a step, however many transfers overlapped.
+// "communication busy" time of a step, however many transfers overlapped;
+// and, with unions of unions, the time one kind of work was exposed (open
+// while another kind was not).
 #ifndef PSHARD_TRAINER_CLIENT_BUSY_CLOCK_H_
 #define PSHARD_TRAINER_CLIENT_BUSY_CLOCK_H_
 
@@ -17,6 +19,10 @@ class IntervalUnion {
   void Add(absl::Time start, absl::Time end) {
     if (end > start) intervals_.emplace_back(start, end);
   }
+  void Add(const std::vector<std::pair<absl::Time, absl::Time>>& intervals) {
+    for (const auto& [start, end] : intervals) Add(start, end);
+  }
+  void Add(const IntervalUnion& other) { Add(other.intervals_); }
   absl::Duration Total() const {
     std::vector<std::pair<absl::Time, absl::Time>> sorted = intervals_;
     std::sort(sorted.begin(), sorted.end());

@@ -42,8 +42,9 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
   }
   // Time this thread spends issuing or waiting is communication too, so
   // busy time always covers exposed time.
-  log_->busy.Add(wait_start, absl::Now());
-  log_->exposed += absl::Now() - wait_start;
+  const absl::Time wait_end = absl::Now();
+  log_->busy.Add(wait_start, wait_end);
+  log_->waits.Add(wait_start, wait_end);
   if (!s.ok()) return s;
   return t;
 }

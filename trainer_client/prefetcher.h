@@ -16,8 +16,8 @@ namespace pshard {
 
 /// Accounting shared by everything a step transfers.
 struct TransferLog {
-  absl::Duration exposed;              ///< time the trainer waited for (or issued) transfers
-  IntervalUnion busy;                  ///< when any transfer was in flight
+  IntervalUnion waits;  ///< when the trainer waited for (or issued) transfers
+  IntervalUnion busy;   ///< when any transfer was in flight
   std::vector<absl::Duration> fetch_latencies;
   std::vector<absl::Duration> push_latencies;
   int64_t bytes_fetched = 0;

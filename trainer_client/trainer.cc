@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "common/optimizer.h"
@@ -32,9 +33,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
     return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
                                                    " exceeds the model context ", client->job().model.context));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model,
-                   CreateUnitModel(client->layout().spec, options.batch, options.seq_len, options.recompute_blocks,
-                                   options.device));
+  UnitModelOptions model_options;
+  model_options.batch = options.batch;
+  model_options.seq_len = options.seq_len;
+  model_options.recompute_blocks = options.recompute_blocks;
+  model_options.device = options.device;
+  model_options.prefetch_depth = options.prefetch_depth;
+  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model, CreateUnitModel(client->layout().spec, model_options));
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
 }
 
@@ -45,6 +50,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   StepReport report;
   report.step = step;
   TransferLog log;
+  IntervalUnion data;
   std::vector<TreeReducer> accumulated;
   if (job.accumulate_on_trainer) accumulated.assign(units, TreeReducer(job.micro_batches));
   std::vector<std::shared_ptr<UnitTransfer>> pushes;
@@ -59,27 +65,46 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
 
   absl::Status status;
   for (int micro = 0; micro < job.micro_batches && status.ok(); ++micro) {
-    status = RunMicroBatch(step, micro, &report, &log, job.accumulate_on_trainer ? &accumulated : nullptr, &pushes);
+    status = RunMicroBatch(step, micro, &report, &log, &data, job.accumulate_on_trainer ? &accumulated : nullptr,
+                           &pushes);
   }
   for (int u = units - 1; u >= 0 && status.ok() && job.accumulate_on_trainer; --u) {
     status = PushUnit(u, step, /*micro=*/0, accumulated[u].TakeTotal(), &log, &pushes);
   }
   const absl::Time wait_start = absl::Now();
   absl::Status pushed = wait_pushes();
-  log.busy.Add(wait_start, absl::Now());
-  log.exposed += absl::Now() - wait_start;
+  const absl::Time wait_end = absl::Now();
+  log.busy.Add(wait_start, wait_end);
+  log.waits.Add(wait_start, wait_end);
+  // Also waits for whatever the model still runs (nothing, after a good
+  // step), so it is taken on failure too.
+  absl::StatusOr<ModelTimeline> timeline = model_->TakeTimeline();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(pushed);
+  RETURN_IF_ERROR(timeline.status());
 
   for (auto& p : pushes) {
     log.busy.Add(p->started(), p->finished());
     log.bytes_pushed += p->wire_bytes();
     log.push_latencies.push_back(p->finished() - p->started());
   }
+  // The model's copies to and from its device are communication; time spent
+  // waiting on communication is exposed only while the model is not
+  // computing (a device model computes while this thread waits).
+  log.busy.Add(timeline->transfer);
+  log.waits.Add(timeline->transfer);
+  IntervalUnion compute;
+  compute.Add(timeline->compute);
+  IntervalUnion compute_or_comm = compute;
+  compute_or_comm.Add(log.waits);
+  IntervalUnion any = compute_or_comm;
+  any.Add(data);
   StepTimes& times = report.times;
-  times.comm_exposed = log.exposed;
-  times.comm_busy = log.busy.Total();
   times.wall = absl::Now() - step_start;
+  times.compute = compute.Total();
+  times.comm_exposed = compute_or_comm.Total() - times.compute;
+  times.data = any.Total() - compute_or_comm.Total();
+  times.comm_busy = log.busy.Total();
   times.other = times.wall - times.compute - times.comm_exposed - times.data;
   report.loss /= job.micro_batches;
   report.grad_norm = std::sqrt(report.grad_norm / job.micro_batches);
@@ -93,14 +118,13 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
 }
 
 absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log,
-                                    std::vector<TreeReducer>* accumulated,
+                                    IntervalUnion* data, std::vector<TreeReducer>* accumulated,
                                     std::vector<std::shared_ptr<UnitTransfer>>* pushes) {
-  StepTimes& times = report->times;
-  absl::Time t0 = absl::Now();
+  const absl::Time data_start = absl::Now();
   RETURN_IF_ERROR(data_->SampleBatch(options_.data_seed, step, rank(), micro, options_.batch, options_.seq_len,
                                      tokens_, targets_));
   RETURN_IF_ERROR(model_->SetBatch(tokens_, targets_));
-  times.data += absl::Now() - t0;
+  data->Add(data_start, absl::Now());
 
   // Forward 0..K-1, then backward K-2..0: the last unit stays from forward.
   const int k = model_->num_units();
@@ -109,37 +133,46 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
   for (int u = k - 2; u >= 0; --u) schedule.push_back(u);
   Prefetcher prefetch(client_, options_.group, schedule, step, options_.prefetch_depth, log);
 
+  // A device model returns from each call at once: while a unit computes,
+  // this thread waits for the next unit's fetch and hands it over.
   std::shared_ptr<UnitTransfer> last_unit;
   size_t position = 0;
   for (int u = 0; u < k; ++u, ++position) {
     ASSIGN_OR_RETURN(std::shared_ptr<UnitTransfer> w, prefetch.Get(position));
-    t0 = absl::Now();
     RETURN_IF_ERROR(model_->ForwardUnit(u, w->values()));
-    times.compute += absl::Now() - t0;
     if (u == k - 1) last_unit = w;
   }
-  ASSIGN_OR_RETURN(const double loss, model_->Loss());
-  report->loss += loss;
 
+  // Backward: a device model keeps a second backward running while the
+  // previous unit's gradient comes back and is pushed.
+  struct PendingGradient {
+    int unit;
+    std::vector<float> grads;
+  };
+  std::deque<PendingGradient> pending;
+  const size_t max_pending = model_->asynchronous() ? UnitModel::kMaxPendingBackward : 1;
   double grad_sum_of_squares = 0.0;
+  auto finish_oldest = [&]() -> absl::Status {
+    PendingGradient done = std::move(pending.front());
+    pending.pop_front();
+    RETURN_IF_ERROR(model_->FinishBackward(done.unit));
+    grad_sum_of_squares += SumOfSquares(done.grads);
+    if (accumulated != nullptr) return (*accumulated)[done.unit].Add(micro, 1, std::move(done.grads));
+    return PushUnit(done.unit, step, micro, std::move(done.grads), log, pushes);
+  };
   for (int u = k - 1; u >= 0; --u) {
-    std::shared_ptr<UnitTransfer> w = last_unit;
+    std::shared_ptr<UnitTransfer> w = std::move(last_unit);
     if (u != k - 1) {
       ASSIGN_OR_RETURN(w, prefetch.Get(position++));
     }
-    std::vector<float> grads(client_->layout().partitions[u].padded_numel(), 0.0f);
-    t0 = absl::Now();
-    RETURN_IF_ERROR(model_->BackwardUnit(u, w->values(), grads));
-    times.compute += absl::Now() - t0;
-    grad_sum_of_squares += SumOfSquares(grads);
-    w.reset();  // drop the weights as soon as they are used
-    if (u == k - 1) last_unit.reset();
-    if (accumulated != nullptr) {
-      RETURN_IF_ERROR((*accumulated)[u].Add(micro, 1, std::move(grads)));
-    } else {
-      RETURN_IF_ERROR(PushUnit(u, step, micro, std::move(grads), log, pushes));
-    }
+    pending.push_back({u, std::vector<float>(client_->layout().partitions[u].padded_numel(), 0.0f)});
+    RETURN_IF_ERROR(model_->BackwardUnit(u, w->values(), pending.back().grads));
+    w.reset();  // drop the weights as soon as the model has them
+    while (pending.size() >= max_pending) RETURN_IF_ERROR(finish_oldest());
   }
+  while (!pending.empty()) RETURN_IF_ERROR(finish_oldest());
+  ASSIGN_OR_RETURN(const double loss, model_->Loss());
+  report->loss += loss;
   report->grad_norm += grad_sum_of_squares;  // squared; RunStep takes the RMS
   return absl::OkStatus();
 }
@@ -158,8 +191,9 @@ absl::Status Trainer::PushUnit(int unit, int64_t step, int micro, std::vector<fl
     push.shards = MemberShards(client_->job().num_shards, group->size(), group->rank());
   }
   pushes->push_back(client_->StartPush(unit, step, std::move(grads), push));
-  log->busy.Add(t0, absl::Now());
-  log->exposed += absl::Now() - t0;
+  const absl::Time t1 = absl::Now();
+  log->busy.Add(t0, t1);
+  log->waits.Add(t0, t1);
   return absl::OkStatus();
 }
 

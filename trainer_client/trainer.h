@@ -37,9 +37,11 @@ struct TrainerOptions {
 /// Disjoint phases of one step; compute + comm_exposed + data + other = wall.
 struct StepTimes {
   absl::Duration wall;
-  absl::Duration compute;       ///< forward and backward
-  absl::Duration comm_exposed;  ///< waiting for fetches and pushes
-  absl::Duration data;          ///< sampling the micro-batch
+  absl::Duration compute;       ///< the model computing forward and backward (on its device)
+  /// Communication while the model did not compute: waiting for (or
+  /// issuing) fetches, pushes, group collectives and host-device copies.
+  absl::Duration comm_exposed;
+  absl::Duration data;          ///< sampling the micro-batch, while neither of the above
   absl::Duration other;         ///< the rest (bookkeeping, gradient packing)
   absl::Duration comm_busy;     ///< time any transfer was in flight (not a phase)
 };
@@ -76,7 +78,7 @@ class Trainer {
 
   /// Forward and backward of micro-batch `micro`; its gradients are pushed
   /// (or added to `accumulated`, one reducer per unit, when not null).
-  absl::Status RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log,
+  absl::Status RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log, IntervalUnion* data,
                              std::vector<TreeReducer>* accumulated,
                              std::vector<std::shared_ptr<UnitTransfer>>* pushes);
   /// Reduces `grads` within the group (if any) and starts pushing them.

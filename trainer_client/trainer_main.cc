@@ -223,25 +223,27 @@ int Run() {
   // Labelled with the data path in use (shard 0's; "auto" may mix them).
   pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0),
                                  model.DeviceName() == "cpu" ? "cpu" : "cuda", peak_flops);
-  metrics.SetModelMemory(model.ActivationBytes(), model.DeviceBytes());
+  const pshard::ModelMemory memory = model.Memory();
+  metrics.SetModelMemory(memory);
   const pshard::JobConfig& job = (*client)->job();
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int log_every = absl::GetFlag(FLAGS_log_every);
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
+    const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
-                "prefetch %d; %s to shard 0, links %s; model on %s, %.1f MiB of activations per trainer%s%s\n",
+                "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
                 std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
                 (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(), model.DeviceName().c_str(),
-                model.ActivationBytes() / 1048576.0,
-                topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
-                model.DeviceBytes() > 0
-                    ? absl::StrCat(", ", absl::StrFormat("%.1f", model.DeviceBytes() / 1048576.0),
-                                   " MiB of device memory (activations + one unit of bf16 weights and of fp32 "
-                                   "gradients)")
+                mib(memory.activations).c_str(), topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
+                memory.device > 0
+                    ? absl::StrCat("; ", mib(memory.device), " of device memory = activations + ",
+                                   mib(memory.weights), " of bf16 weights (", topts.prefetch_depth + 1,
+                                   " units: prefetch depth + 1) + ", mib(memory.gradients),
+                                   " of fp32 gradients (2 units: one computing, one copying out)")
                           .c_str()
                     : "");
     std::fflush(stdout);

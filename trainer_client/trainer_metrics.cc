@@ -27,6 +27,14 @@ metrics::Counter& Phase(metrics::Registry& r, int rank, const char* phase) {
       .Add(With(Rank(rank), "phase", phase));
 }
 
+metrics::Gauge& ModelMemoryGauge(metrics::Registry& r, int rank, const char* kind) {
+  return r.AddGauge("pshard_trainer_model_memory_bytes",
+                    "Memory the model holds, by kind: activations (with gradient scratch), device buffers for "
+                    "units' weights (prefetch depth + 1) and gradients (2), and everything on its device (0 on "
+                    "the CPU).")
+      .Add(With(Rank(rank), "kind", kind));
+}
+
 }  // namespace
 
 TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string& transport,
@@ -61,14 +69,10 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       grad_norm_(r.AddGauge("pshard_trainer_grad_norm", "L2 norm of this rank's last micro-batch gradient.")
                      .Add(Rank(rank))),
       step_(r.AddGauge("pshard_trainer_step", "The step this trainer completed last, plus one.").Add(Rank(rank))),
-      activation_bytes_(r.AddGauge("pshard_trainer_model_memory_bytes",
-                                   "Memory the model holds, by kind: activations (with gradient scratch), and "
-                                   "everything on its device (0 on the CPU).")
-                            .Add(With(Rank(rank), "kind", "activations"))),
-      device_bytes_(r.AddGauge("pshard_trainer_model_memory_bytes",
-                               "Memory the model holds, by kind: activations (with gradient scratch), and "
-                               "everything on its device (0 on the CPU).")
-                        .Add(With(Rank(rank), "kind", "device"))),
+      activation_bytes_(ModelMemoryGauge(r, rank, "activations")),
+      weight_buffer_bytes_(ModelMemoryGauge(r, rank, "weights")),
+      gradient_buffer_bytes_(ModelMemoryGauge(r, rank, "gradients")),
+      device_bytes_(ModelMemoryGauge(r, rank, "device")),
       peak_flops_(peak_flops) {
   r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
       .Add({{"version", PSHARD_VERSION}, {"role", "trainer"}, {"transport", transport}, {"device", device}})
@@ -99,9 +103,11 @@ void TrainerMetrics::RecordStep(const StepReport& report) {
   if (mfu_ != nullptr && wall > 0) mfu_->Set(report.flops / wall / peak_flops_);
 }
 
-void TrainerMetrics::SetModelMemory(int64_t activation_bytes, int64_t device_bytes) {
-  activation_bytes_.Set(static_cast<double>(activation_bytes));
-  device_bytes_.Set(static_cast<double>(device_bytes));
+void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
+  activation_bytes_.Set(static_cast<double>(memory.activations));
+  weight_buffer_bytes_.Set(static_cast<double>(memory.weights));
+  gradient_buffer_bytes_.Set(static_cast<double>(memory.gradients));
+  device_bytes_.Set(static_cast<double>(memory.device));
 }
 
 }  // namespace pshard

@@ -20,9 +20,8 @@ class TrainerMetrics {
                  double peak_flops);
 
   void RecordStep(const StepReport& report);
-  /// The model's memory: activations (and gradient scratch), and all it
-  /// holds on its device (0 for the CPU model).
-  void SetModelMemory(int64_t activation_bytes, int64_t device_bytes);
+  /// The model's memory by kind (see ModelMemory).
+  void SetModelMemory(const ModelMemory& memory);
 
  private:
   metrics::Counter& phase_compute_;
@@ -42,6 +41,8 @@ class TrainerMetrics {
   metrics::Gauge& step_;
   metrics::Gauge* mfu_ = nullptr;  // only when the peak rate is known
   metrics::Gauge& activation_bytes_;
+  metrics::Gauge& weight_buffer_bytes_;
+  metrics::Gauge& gradient_buffer_bytes_;
   metrics::Gauge& device_bytes_;
   const double peak_flops_;
 };

@@ -1,6 +1,8 @@
 // The trainer's choice of model: the CPU GPT, or the CUDA one where built.
 #include "trainer_client/model/unit_model.h"
 
+#include <utility>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -21,27 +23,36 @@ class CpuUnitModel final : public UnitModel {
     return model_.SetBatch(tokens, targets);
   }
   absl::Status ForwardUnit(int unit, std::span<const float> weights) override {
+    const absl::Time start = absl::Now();
     model_.ForwardUnit(unit, weights);
+    timeline_.compute.emplace_back(start, absl::Now());
     return absl::OkStatus();
   }
   absl::Status BackwardUnit(int unit, std::span<const float> weights, std::span<float> grads) override {
+    RETURN_IF_ERROR(pending_.Start(unit));
+    const absl::Time start = absl::Now();
     model_.BackwardUnit(unit, weights, grads);
+    timeline_.compute.emplace_back(start, absl::Now());
     return absl::OkStatus();
   }
+  absl::Status FinishBackward(int unit) override { return pending_.Finish(unit); }
   absl::StatusOr<double> Loss() override { return static_cast<double>(model_.loss()); }
+  absl::StatusOr<ModelTimeline> TakeTimeline() override { return std::exchange(timeline_, {}); }
   int num_units() const override { return model_.num_units(); }
-  int64_t ActivationBytes() const override { return model_.ActivationBytes(); }
-  int64_t DeviceBytes() const override { return 0; }
+  ModelMemory Memory() const override { return {.activations = model_.ActivationBytes()}; }
   double FlopsPerMicroBatch() const override { return model_.FlopsPerMicroBatch(); }
   std::string DeviceName() const override { return "cpu"; }
+  bool asynchronous() const override { return false; }
 
  private:
   CpuGpt<float> model_;
+  PendingBackwards pending_;
+  ModelTimeline timeline_;
 };
 
-absl::StatusOr<std::unique_ptr<UnitModel>> CreateCpu(const ModelSpec& spec, int batch, int seq_len,
-                                                     bool recompute_blocks) {
-  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(spec, batch, seq_len, recompute_blocks));
+absl::StatusOr<std::unique_ptr<UnitModel>> CreateCpu(const ModelSpec& spec, const UnitModelOptions& options) {
+  ASSIGN_OR_RETURN(CpuGpt<float> model,
+                   CpuGpt<float>::Create(spec, options.batch, options.seq_len, options.recompute_blocks));
   return std::make_unique<CpuUnitModel>(std::move(model));
 }
 
@@ -60,19 +71,16 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
       absl::StrCat("unknown device \"", device, "\"; expected cpu, cuda, cuda:N or auto"));
 }
 
-absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, int batch, int seq_len,
-                                                           bool recompute_blocks, const std::string& device) {
-  if (device == "cpu") return CreateCpu(spec, batch, seq_len, recompute_blocks);
+absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, const UnitModelOptions& options) {
+  const std::string& device = options.device;
+  if (device == "cpu") return CreateCpu(spec, options);
   const absl::StatusOr<int> index = CudaDeviceIndex(device);
   if (!index.ok()) return index.status();
 #if PSHARD_WITH_CUDA
-  if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, batch, seq_len, recompute_blocks);
-  if (recompute_blocks) {
-    return absl::UnimplementedError("activation recomputation exists in the CPU model only");
-  }
-  return CudaUnitModel::Create(spec, batch, seq_len, *index);
+  if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, options);
+  return CudaUnitModel::Create(spec, options, *index);
 #else
-  if (device == "auto") return CreateCpu(spec, batch, seq_len, recompute_blocks);
+  if (device == "auto") return CreateCpu(spec, options);
   return absl::FailedPreconditionError(absl::StrCat(
       "device \"", device, "\" was asked for but this build has no CUDA (configure with -DPSHARD_WITH_CUDA=ON)"));
 #endif

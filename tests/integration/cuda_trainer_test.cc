@@ -1,7 +1,9 @@
 // Trainers with the CUDA model against real shard servers: the same job
 // trained on the GPU and on the CPU agrees within bf16 precision, step by
 // step, and the trainer reports its device memory. Skips without a device.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
@@ -28,39 +30,71 @@ TrainerOptions Options(const std::string& device) {
   return t;
 }
 
-// Losses of kSteps steps of one trainer on a fresh cluster.
-std::vector<double> Losses(const std::string& device, std::vector<std::vector<float>>* final_weights) {
-  auto cluster = LocalCluster::Start(Job());
+struct Run {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> final_weights;
+};
+
+// kSteps steps of one trainer on a fresh cluster.
+Run Train(const TrainerOptions& options, const JobConfig& job = Job()) {
+  Run run;
+  auto cluster = LocalCluster::Start(job);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
-  if (!cluster.ok()) return {};
+  if (!cluster.ok()) return run;
   auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
   EXPECT_TRUE(client.ok()) << client.status();
-  if (!client.ok()) return {};
-  auto trainer = Trainer::Create(client->get(), &TestCorpus(), Options(device));
+  if (!client.ok()) return run;
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
-  if (!trainer.ok()) return {};
-  if (device == "cuda") {
+  if (!trainer.ok()) return run;
+  if (options.device == "cuda") {
     EXPECT_NE((*trainer)->model().DeviceName().find("cuda:0"), std::string::npos);
-    EXPECT_GT((*trainer)->model().DeviceBytes(), (*trainer)->model().ActivationBytes());
+    // Activations + (prefetch depth + 1) bf16 weight units + 2 fp32 gradient units.
+    const ModelMemory memory = (*trainer)->model().Memory();
+    int64_t largest_unit = 0;
+    for (const UnitSpec& unit : (*client)->layout().spec.units) largest_unit = std::max(largest_unit, unit.numel);
+    EXPECT_EQ(memory.weights, (options.prefetch_depth + 1) * largest_unit * 2);
+    EXPECT_EQ(memory.gradients, 2 * largest_unit * 4);
+    EXPECT_EQ(memory.device, memory.activations + memory.weights + memory.gradients);
   }
-  std::vector<double> losses;
-  for (int64_t step = 0; step < kSteps; ++step) {
+  for (int64_t step = 0; step < job.steps; ++step) {
     absl::StatusOr<StepReport> r = (*trainer)->RunStep(step);
     EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return losses;
-    losses.push_back(r->loss);
+    if (!r.ok()) return run;
+    // The phases split the wall time; the device computed for part of it.
+    const StepTimes& t = r->times;
+    EXPECT_GT(t.compute, absl::ZeroDuration());
+    EXPECT_GE(t.comm_exposed, absl::ZeroDuration());
+    EXPECT_GE(t.other, absl::ZeroDuration());
+    EXPECT_EQ(t.compute + t.comm_exposed + t.data + t.other, t.wall);
+    EXPECT_GE(t.comm_busy, t.comm_exposed);
+    run.losses.push_back(r->loss);
   }
-  auto weights = (*cluster)->ReadMasterWeights(kSteps);
+  auto weights = (*cluster)->ReadMasterWeights(job.steps);
   EXPECT_TRUE(weights.ok()) << weights.status();
-  if (weights.ok()) *final_weights = std::move(*weights);
-  return losses;
+  if (weights.ok()) run.final_weights = std::move(*weights);
+  return run;
+}
+
+bool BitIdentical(const Run& a, const Run& b) {
+  if (a.losses != b.losses || a.final_weights.size() != b.final_weights.size()) return false;
+  for (size_t u = 0; u < a.final_weights.size(); ++u) {
+    if (a.final_weights[u].size() != b.final_weights[u].size() ||
+        std::memcmp(a.final_weights[u].data(), b.final_weights[u].data(), a.final_weights[u].size() * 4) != 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  std::vector<std::vector<float>> cpu_weights, gpu_weights;
-  const std::vector<double> cpu = Losses("cpu", &cpu_weights);
-  const std::vector<double> gpu = Losses("cuda", &gpu_weights);
+  const Run cpu_run = Train(Options("cpu"));
+  const Run gpu_run = Train(Options("cuda"));
+  const std::vector<double>& cpu = cpu_run.losses;
+  const std::vector<double>& gpu = gpu_run.losses;
+  const std::vector<std::vector<float>>& cpu_weights = cpu_run.final_weights;
+  const std::vector<std::vector<float>>& gpu_weights = gpu_run.final_weights;
   ASSERT_EQ(cpu.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(kSteps));
   for (int s = 0; s < kSteps; ++s) {
@@ -78,6 +112,38 @@ TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
     }
   }
   EXPECT_LT(std::sqrt(diff / norm), 1e-2);
+}
+
+// The copies overlap the compute on their own streams, ordered by events
+// only: however deep the pipeline, and with blocks recomputed, the GPU
+// computes exactly the same thing.
+TEST(CudaTrainerTest, PipelineDepthAndRecomputeChangeNoBit) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const Run base = Train(Options("cuda"));
+  ASSERT_EQ(base.losses.size(), static_cast<size_t>(kSteps));
+  for (int depth : {0, 3}) {
+    TrainerOptions options = Options("cuda");
+    options.prefetch_depth = depth;
+    EXPECT_TRUE(BitIdentical(Train(options), base)) << "prefetch depth " << depth;
+  }
+  TrainerOptions recompute = Options("cuda");
+  recompute.recompute_blocks = true;
+  EXPECT_TRUE(BitIdentical(Train(recompute), base)) << "recomputed blocks";
+}
+
+// Gradient accumulation on the GPU, both ways: pushing every micro-batch
+// and accumulating on the trainer give the servers the same sums.
+TEST(CudaTrainerTest, AccumulationModesAgree) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  JobConfig job = Job();
+  job.micro_batches = 4;
+  job.accumulate_on_trainer = false;
+  const Run pushed = Train(Options("cuda"), job);
+  job.accumulate_on_trainer = true;
+  const Run accumulated = Train(Options("cuda"), job);
+  ASSERT_EQ(pushed.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_TRUE(BitIdentical(pushed, accumulated));
+  EXPECT_LT(pushed.losses.back(), pushed.losses.front());
 }
 
 TEST(CudaTrainerTest, AskingForCudaWithoutADeviceIsAClearError) {

@@ -35,8 +35,11 @@ TEST_F(TrainerDeviceTest, CpuRunsEverywhere) {
   auto trainer = Make("cpu");
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_EQ((*trainer)->model().DeviceName(), "cpu");
-  EXPECT_GT((*trainer)->model().ActivationBytes(), 0);
-  EXPECT_EQ((*trainer)->model().DeviceBytes(), 0);
+  const ModelMemory memory = (*trainer)->model().Memory();
+  EXPECT_GT(memory.activations, 0);
+  EXPECT_EQ(memory.weights, 0);
+  EXPECT_EQ(memory.gradients, 0);
+  EXPECT_EQ(memory.device, 0);
   absl::StatusOr<StepReport> r = (*trainer)->RunStep(0);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->loss, 0);

@@ -151,8 +151,9 @@ void RunGpu(CudaGpt& model, const ModelSpec& spec, const std::vector<DeviceArray
   }
 }
 
-std::unique_ptr<CudaGpt> MakeGpuModel(const ModelSpec& spec) {
-  absl::StatusOr<std::unique_ptr<CudaGpt>> model = CudaGpt::Create(spec, kBatch, kSeqLen);
+std::unique_ptr<CudaGpt> MakeGpuModel(const ModelSpec& spec, bool recompute_blocks = false) {
+  absl::StatusOr<std::unique_ptr<CudaGpt>> model =
+      CudaGpt::Create(spec, kBatch, kSeqLen, /*device=*/0, recompute_blocks);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
   const int n = kBatch * kSeqLen;
@@ -262,6 +263,30 @@ TEST(CudaGptTest, RunsAreBitIdenticalOnOneOrSeveralStreams) {
     }
   }
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
+}
+
+// Recomputing each block's internals in backward reruns exactly the same
+// kernels on the same inputs: bit-identical results for less memory.
+TEST(CudaGptTest, RecomputedBlocksGiveBitIdenticalResultsInLessMemory) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  const ModelSpec spec = SmallSpec();
+  const std::vector<DeviceArray<bf16>> weights = UploadWeights(Bf16Weights(spec));
+  std::unique_ptr<CudaGpt> kept = MakeGpuModel(spec);
+  std::unique_ptr<CudaGpt> recomputed = MakeGpuModel(spec, /*recompute_blocks=*/true);
+  ASSERT_NE(kept, nullptr);
+  ASSERT_NE(recomputed, nullptr);
+  GpuResult want, got;
+  ASSERT_NO_FATAL_FAILURE(RunGpu(*kept, spec, weights, {nullptr}, &want));
+  ASSERT_NO_FATAL_FAILURE(RunGpu(*recomputed, spec, weights, {nullptr}, &got));
+  EXPECT_EQ(std::memcmp(&got.loss, &want.loss, sizeof(float)), 0);
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    EXPECT_EQ(std::memcmp(got.grads[u].data(), want.grads[u].data(), want.grads[u].size() * sizeof(float)), 0)
+        << "unit " << u << " gradients differ";
+  }
+  // One block's internals instead of two.
+  std::printf("activation bytes: kept %lld, recomputed %lld\n", static_cast<long long>(kept->ActivationBytes()),
+              static_cast<long long>(recomputed->ActivationBytes()));
+  EXPECT_LT(recomputed->ActivationBytes(), kept->ActivationBytes());
 }
 
 TEST(CudaGptTest, Bf16ConversionMatchesHost) {

@@ -80,7 +80,8 @@ class CudaGpt::Carver {
 // ---------------------------------------------------------------- lifetime
 
 absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, int batch,
-                                                         int seq_len, int device) {
+                                                         int seq_len, int device,
+                                                         bool recompute_blocks) {
   const GptConfig& cfg = spec.config;
   RETURN_IF_ERROR(cfg.Validate());
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
@@ -98,6 +99,7 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, 
   model->batch_ = batch;
   model->seq_len_ = seq_len;
   model->device_ = device;
+  model->recompute_blocks_ = recompute_blocks;
   RETURN_IF_ERROR(model->CheckLayout());
 
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -153,7 +155,9 @@ void CudaGpt::CarveBuffers(Carver& carver) {
   row_position_ = carver.Take<int32_t>(n);
   residuals_.resize(cfg.num_layers + 1);
   for (bf16*& r : residuals_) r = carver.Take<bf16>(n * c);
-  blocks_.resize(cfg.num_layers);
+  // With recomputation every block shares one set, refilled by the block's
+  // forward rerun at the start of its backward.
+  blocks_.resize(recompute_blocks_ ? 1 : cfg.num_layers);
   for (BlockActivations& a : blocks_) {
     a.ln1 = carver.Take<bf16>(n * c);
     a.ln1_mean = carver.Take<float>(n);
@@ -168,6 +172,7 @@ void CudaGpt::CarveBuffers(Carver& carver) {
     a.fch = carver.Take<bf16>(n * 4 * c);
     a.fch_gelu = carver.Take<bf16>(n * 4 * c);
   }
+  blocks_.resize(cfg.num_layers, blocks_.front());
   lnf_ = carver.Take<bf16>(n * c);
   lnf_mean_ = carver.Take<float>(n);
   lnf_rstd_ = carver.Take<float>(n);
@@ -330,7 +335,8 @@ absl::Status CudaGpt::EmbedForward(const bf16* w, cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream) {
+absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream,
+                                   bool write_output) {
   const BlockLayout& p = block_layouts_[layer];
   const BlockActivations& a = blocks_[layer];
   const int n = rows();
@@ -351,6 +357,7 @@ absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream
                                                   w + p.ln2_w, w + p.ln2_b, n, c, stream));
   RETURN_IF_ERROR(LinearForward(a.fch, a.ln2, w + p.fc_w, w + p.fc_b, c, 4 * c, stream));
   CUDA_RETURN_IF_ERROR(internal::GeluForward(a.fch_gelu, a.fch, int64_t{n} * 4 * c, stream));
+  if (!write_output) return absl::OkStatus();  // backward needs everything up to here only
   RETURN_IF_ERROR(
       LinearForward(out, a.fch_gelu, w + p.mlp_proj_w, w + p.mlp_proj_b, 4 * c, c, stream));
   CUDA_RETURN_IF_ERROR(internal::ResidualForward(out, out, a.residual2, int64_t{n} * c, stream));
@@ -394,6 +401,7 @@ absl::Status CudaGpt::BlockBackward(int layer, const bf16* w, float* dw, cudaStr
   const BlockActivations& a = blocks_[layer];
   const int n = rows();
   const int c = spec_.config.d_model;
+  if (recompute_blocks_) RETURN_IF_ERROR(BlockForward(layer, w, stream, /*write_output=*/false));
   // MLP branch; afterwards dresidual_ holds the gradient wrt residual2.
   RETURN_IF_ERROR(LinearBackward(dfch_gelu_, dw + p.mlp_proj_w, dw + p.mlp_proj_b, dresidual_,
                                  a.fch_gelu, w + p.mlp_proj_w, 4 * c, c, stream));

@@ -49,8 +49,13 @@ class CudaGpt {
   /// of `seq_len` (<= context) tokens. InvalidArgument on bad sizes or a
   /// spec that does not follow MakeGptSpec's layout; FailedPrecondition when
   /// the device is not usable; ResourceExhausted when it is too small.
+  /// With `recompute_blocks`, only each block's input is kept between
+  /// forward and backward; a block's backward first reruns its forward
+  /// (bit-identically) into activations all blocks share, so activation
+  /// memory no longer grows with the layers but for one [N,C] per layer.
   static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec, int batch,
-                                                         int seq_len, int device = 0);
+                                                         int seq_len, int device = 0,
+                                                         bool recompute_blocks = false);
   ~CudaGpt();
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;
@@ -127,7 +132,10 @@ class CudaGpt {
   absl::Status EndCall(cudaStream_t stream);
 
   absl::Status EmbedForward(const bf16* w, cudaStream_t stream);
-  absl::Status BlockForward(int layer, const bf16* w, cudaStream_t stream);
+  // Without `write_output` it stops before the MLP's projection: what a
+  // recomputing backward needs is saved by then.
+  absl::Status BlockForward(int layer, const bf16* w, cudaStream_t stream,
+                            bool write_output = true);
   absl::Status HeadForward(const bf16* w, cudaStream_t stream);
   absl::Status EmbedBackward(float* dw, cudaStream_t stream);
   absl::Status BlockBackward(int layer, const bf16* w, float* dw, cudaStream_t stream);
@@ -149,6 +157,7 @@ class CudaGpt {
   int batch_ = 0;
   int seq_len_ = 0;
   int device_ = 0;
+  bool recompute_blocks_ = false;
   EmbedLayout embed_{};
   std::vector<BlockLayout> block_layouts_;
   HeadLayout head_{};
@@ -173,7 +182,7 @@ class CudaGpt {
 
   // residuals_[l] is the input of block l; residuals_[L] is the head's input.
   std::vector<bf16*> residuals_;
-  std::vector<BlockActivations> blocks_;
+  std::vector<BlockActivations> blocks_;  // per layer; all alike when recomputing
   bf16* lnf_ = nullptr;  // [N,C]
   float* lnf_mean_ = nullptr;
   float* lnf_rstd_ = nullptr;

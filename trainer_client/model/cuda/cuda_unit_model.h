@@ -1,17 +1,28 @@
 // The trainer's model on a CUDA device: CudaGpt behind the UnitModel
-// interface. Each unit's fp32 weights are rounded to bf16 into pinned host
-// memory and copied to the device; each gradient comes back through pinned
-// memory. Every call waits for its own work (transfers overlap the network
-// on the trainer's other threads, not yet the device's own compute).
+// interface, with the copies on their own streams so that they overlap the
+// compute.
+//
+// Three streams: `upload` copies weights in, `compute` runs the model,
+// `download` copies gradients out. Weights go through prefetch depth + 1
+// slots (pinned host staging + device buffer): while unit i computes from
+// one slot, the host rounds unit i+1 to bf16 into the next slot's staging
+// and the upload stream copies it in. Gradients go through two slots
+// (device buffer + pinned staging): unit u's gradient is copied out and
+// handed to the trainer while unit u-1's backward runs into the other one.
+// Only events order the streams; the host waits only for a slot it is
+// about to refill and for a gradient it is asked for.
 #ifndef PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_UNIT_MODEL_H_
 #define PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_UNIT_MODEL_H_
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "common/parallel_for.h"
 #include "trainer_client/model/cuda/cuda_gpt.h"
 #include "trainer_client/model/unit_model.h"
 
@@ -20,38 +31,86 @@ namespace pshard {
 /// Usable CUDA devices (0 when the driver or the devices are missing).
 int CudaDeviceCount();
 
+/// Not thread-safe: one caller at a time.
 class CudaUnitModel final : public UnitModel {
  public:
-  static absl::StatusOr<std::unique_ptr<UnitModel>> Create(const ModelSpec& spec, int batch, int seq_len,
+  static absl::StatusOr<std::unique_ptr<UnitModel>> Create(const ModelSpec& spec, const UnitModelOptions& options,
                                                            int device);
   ~CudaUnitModel() override;
 
   absl::Status SetBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets) override;
   absl::Status ForwardUnit(int unit, std::span<const float> weights) override;
   absl::Status BackwardUnit(int unit, std::span<const float> weights, std::span<float> grads) override;
+  absl::Status FinishBackward(int unit) override;
   absl::StatusOr<double> Loss() override;
+  absl::StatusOr<ModelTimeline> TakeTimeline() override;
   int num_units() const override { return model_->num_units(); }
-  int64_t ActivationBytes() const override { return model_->ActivationBytes(); }
-  int64_t DeviceBytes() const override;
+  ModelMemory Memory() const override;
   double FlopsPerMicroBatch() const override { return model_->FlopsPerMicroBatch(); }
   std::string DeviceName() const override { return name_; }
+  bool asynchronous() const override { return true; }
 
  private:
-  CudaUnitModel() = default;
-  // Rounds `weights` (the unit's numel elements) to bf16 and copies them to
-  // the device buffer.
-  absl::Status Upload(int unit, std::span<const float> weights);
+  // One unit's weights on their way in.
+  struct WeightSlot {
+    __nv_bfloat16* device = nullptr;
+    uint16_t* staging = nullptr;     // pinned
+    cudaEvent_t uploaded = nullptr;  // upload stream, after the copy in
+    cudaEvent_t consumed = nullptr;  // compute stream, after the last unit that read it
+    int unit = -1;                   // what it holds; -1 none
+  };
+  // One unit's gradient on its way out.
+  struct GradientSlot {
+    float* device = nullptr;
+    float* staging = nullptr;          // pinned
+    cudaEvent_t computed = nullptr;    // compute stream, after the backward
+    cudaEvent_t downloaded = nullptr;  // download stream, after the copy out
+    std::span<float> destination;      // the caller's buffer
+  };
+  // An interval of a stream's work, timed by two events.
+  struct TimedSpan {
+    cudaEvent_t begin, end;
+    bool compute;  // else transfer
+  };
+
+  explicit CudaUnitModel(int device) : device_(device), parallel_(kHostThreads) {}
+  absl::Status Init(const ModelSpec& spec, const UnitModelOptions& options);
+  absl::Status CheckUnit(int unit, std::span<const float> weights) const;
+  // The slot holding `unit`'s weights: the last one filled when it already
+  // holds the unit (forward and backward of the last unit), else the next
+  // one, refilled from `weights`.
+  absl::StatusOr<WeightSlot*> Stage(int unit, std::span<const float> weights);
+  // Records a span's begin or end on `stream`, from a pool of timing events.
+  absl::StatusOr<cudaEvent_t> Mark(cudaStream_t stream);
+  absl::Status AddSpan(cudaEvent_t begin, cudaStream_t stream, bool compute);
+  // Starts a new timeline: the streams are idle.
+  absl::Status Rebase();
+  // A host interval of transfer work, from `start` to now.
+  void HostTransfer(absl::Time start) { timeline_.transfer.emplace_back(start, absl::Now()); }
+
+  static constexpr int kHostThreads = 8;
 
   ModelSpec spec_;
   std::unique_ptr<CudaGpt> model_;
-  int device_ = 0;
+  const int device_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;
   int64_t max_numel_ = 0;
-  __nv_bfloat16* device_weights_ = nullptr;  // [max_numel_]
-  float* device_grads_ = nullptr;            // [max_numel_]
-  uint16_t* host_weights_ = nullptr;         // pinned, [max_numel_]
-  float* host_grads_ = nullptr;              // pinned, [max_numel_]
+  cudaStream_t upload_ = nullptr, compute_ = nullptr, download_ = nullptr;
+  std::vector<WeightSlot> weights_;
+  int last_weight_slot_ = -1;
+  int last_forward_unit_ = -1;  // the unit of the last call, if a forward
+  std::array<GradientSlot, kMaxPendingBackward> gradients_;
+  PendingBackwards pending_;
+  ParallelFor parallel_;
+
+  // Timing: every event's time is taken against `origin_`, recorded when
+  // the streams were idle at host time `origin_time_`.
+  cudaEvent_t origin_ = nullptr;
+  absl::Time origin_time_;
+  std::vector<cudaEvent_t> timing_events_;
+  size_t timing_used_ = 0;
+  std::vector<TimedSpan> spans_;
+  ModelTimeline timeline_;  // host intervals so far
 };
 
 }  // namespace pshard
