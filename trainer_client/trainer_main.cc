@@ -253,6 +253,8 @@ int Run() {
   pshard::StepTimes window, total;
   int window_steps = 0;
   int64_t done = 0;
+  int64_t report_tokens = 0;  // this trainer's tokens per step
+  int64_t wire_bytes = 0;     // fetched and pushed, all steps
   for (int64_t step = first; step < steps && !stop; ++step) {
     absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
     if (!r.ok()) {
@@ -261,6 +263,8 @@ int Run() {
       return 1;
     }
     ++done;
+    report_tokens = r->tokens;
+    wire_bytes += r->bytes_fetched + r->bytes_pushed;
     metrics.RecordStep(*r);
     recent_losses.push_back(r->loss);
     if (recent_losses.size() > 10) recent_losses.pop_front();
@@ -291,12 +295,19 @@ int Run() {
   final_loss /= static_cast<double>(recent_losses.size());
   const double wall = absl::ToDoubleSeconds(total.wall);
   auto pct = [&](absl::Duration d) { return 100.0 * absl::ToDoubleSeconds(d) / wall; };
+  const auto per_step = [&](absl::Duration d) {
+    return absl::StrFormat("%.1f ms", absl::ToDoubleMilliseconds(d) / static_cast<double>(done));
+  };
   std::printf("trainer %d summary: %lld steps | final loss %.3f (mean of last %zu steps) | unigram entropy "
               "%.3f nats\n  time: compute %.1f%% | exposed comm %.1f%% | data %.1f%% | other %.1f%% | comm "
-              "busy %.1f%% (hidden behind compute: %.1f%%)\n",
+              "busy %.1f%% (hidden behind compute: %.1f%%)\n  per step: wall %s | compute %s | comm busy %s | "
+              "exposed comm %s | %.1f MiB on the wire | %.0f tok/s (this trainer)\n",
               rank, static_cast<long long>(done), final_loss, recent_losses.size(),
               data->UnigramEntropyNats(), pct(total.compute), pct(total.comm_exposed), pct(total.data),
-              pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed));
+              pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed),
+              per_step(total.wall).c_str(), per_step(total.compute).c_str(), per_step(total.comm_busy).c_str(),
+              per_step(total.comm_exposed).c_str(), static_cast<double>(wire_bytes) / done / 1048576.0,
+              static_cast<double>(report_tokens) * static_cast<double>(done) / wall);
   std::fflush(stdout);
   if (const absl::Duration linger = absl::GetFlag(FLAGS_metrics_linger); linger > absl::ZeroDuration() && !stop) {
     std::fprintf(stderr, "pshard-trainer %d: serving final metrics for %s\n", rank,

@@ -30,14 +30,14 @@ TrainerOptions Options(const std::string& device) {
   return t;
 }
 
-struct Run {
+struct TrainingRun {
   std::vector<double> losses;
   std::vector<std::vector<float>> final_weights;
 };
 
 // kSteps steps of one trainer on a fresh cluster.
-Run Train(const TrainerOptions& options, const JobConfig& job = Job()) {
-  Run run;
+TrainingRun Train(const TrainerOptions& options, const JobConfig& job = Job()) {
+  TrainingRun run;
   auto cluster = LocalCluster::Start(job);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return run;
@@ -57,7 +57,7 @@ Run Train(const TrainerOptions& options, const JobConfig& job = Job()) {
     EXPECT_EQ(memory.gradients, 2 * largest_unit * 4);
     EXPECT_EQ(memory.device, memory.activations + memory.weights + memory.gradients);
   }
-  for (int64_t step = 0; step < job.steps; ++step) {
+  for (int64_t step = 0; step < kSteps; ++step) {
     absl::StatusOr<StepReport> r = (*trainer)->RunStep(step);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return run;
@@ -70,13 +70,13 @@ Run Train(const TrainerOptions& options, const JobConfig& job = Job()) {
     EXPECT_GE(t.comm_busy, t.comm_exposed);
     run.losses.push_back(r->loss);
   }
-  auto weights = (*cluster)->ReadMasterWeights(job.steps);
+  auto weights = (*cluster)->ReadMasterWeights(kSteps);
   EXPECT_TRUE(weights.ok()) << weights.status();
   if (weights.ok()) run.final_weights = std::move(*weights);
   return run;
 }
 
-bool BitIdentical(const Run& a, const Run& b) {
+bool BitIdentical(const TrainingRun& a, const TrainingRun& b) {
   if (a.losses != b.losses || a.final_weights.size() != b.final_weights.size()) return false;
   for (size_t u = 0; u < a.final_weights.size(); ++u) {
     if (a.final_weights[u].size() != b.final_weights[u].size() ||
@@ -89,8 +89,8 @@ bool BitIdentical(const Run& a, const Run& b) {
 
 TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const Run cpu_run = Train(Options("cpu"));
-  const Run gpu_run = Train(Options("cuda"));
+  const TrainingRun cpu_run = Train(Options("cpu"));
+  const TrainingRun gpu_run = Train(Options("cuda"));
   const std::vector<double>& cpu = cpu_run.losses;
   const std::vector<double>& gpu = gpu_run.losses;
   const std::vector<std::vector<float>>& cpu_weights = cpu_run.final_weights;
@@ -119,7 +119,7 @@ TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
 // computes exactly the same thing.
 TEST(CudaTrainerTest, PipelineDepthAndRecomputeChangeNoBit) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  const Run base = Train(Options("cuda"));
+  const TrainingRun base = Train(Options("cuda"));
   ASSERT_EQ(base.losses.size(), static_cast<size_t>(kSteps));
   for (int depth : {0, 3}) {
     TrainerOptions options = Options("cuda");
@@ -138,9 +138,9 @@ TEST(CudaTrainerTest, AccumulationModesAgree) {
   JobConfig job = Job();
   job.micro_batches = 4;
   job.accumulate_on_trainer = false;
-  const Run pushed = Train(Options("cuda"), job);
+  const TrainingRun pushed = Train(Options("cuda"), job);
   job.accumulate_on_trainer = true;
-  const Run accumulated = Train(Options("cuda"), job);
+  const TrainingRun accumulated = Train(Options("cuda"), job);
   ASSERT_EQ(pushed.losses.size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(BitIdentical(pushed, accumulated));
   EXPECT_LT(pushed.losses.back(), pushed.losses.front());
