@@ -1,5 +1,7 @@
 #include "common/reduction_tree.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pshard {
@@ -115,6 +117,32 @@ std::vector<float> TreeReducer::TakeTotal() {
   std::vector<float> out = std::move(done_.begin()->second.values);
   done_.clear();
   return out;
+}
+
+std::vector<int> InOrderTreeSum::AddLeaf() {
+  stack_.push_back({next_leaf_++, 1});
+  // Two adjacent nodes whose union is a node are that node's children
+  // (nodes nest or are disjoint), so merging them is the tree's own sum.
+  std::vector<int> merges;
+  while (stack_.size() >= 2) {
+    const Node& left = stack_[stack_.size() - 2];
+    const Node& right = stack_.back();
+    if (!IsReductionTreeNode(n_, left.begin, left.count + right.count)) break;
+    merges.push_back(static_cast<int>(stack_.size()) - 1);
+    stack_[stack_.size() - 2].count += right.count;
+    stack_.pop_back();
+  }
+  return merges;
+}
+
+int InOrderTreeSum::SlotsNeeded(int n) {
+  InOrderTreeSum sum(n);
+  int most = 0;
+  for (int i = 0; i < n; ++i) {
+    most = std::max(most, sum.NextSlot() + 1);
+    sum.AddLeaf();
+  }
+  return most;
 }
 
 }  // namespace pshard

@@ -55,6 +55,34 @@ class TreeReducer {
   std::map<int, Node> done_;  // begin -> node; disjoint, maximal
 };
 
+/// The tree's sum of leaves that arrive in order 0..n-1, kept as a stack of
+/// partial sums in fixed buffers ("slots", slot 0 at the bottom): what
+/// TreeReducer does with in-order arrival, for a caller (a device) that
+/// does the additions itself. Leaf i is written to slot NextSlot(); then
+/// AddLeaf() names the merges to do. Not thread-safe.
+class InOrderTreeSum {
+ public:
+  explicit InOrderTreeSum(int n) : n_(n) {}
+
+  /// The slot the next leaf is to be written to.
+  int NextSlot() const { return static_cast<int>(stack_.size()); }
+  /// Records the next leaf and returns the merges it completes, in order:
+  /// for each s, slot s - 1 += slot s (slot s is then free). After the last
+  /// leaf, slot 0 holds the total.
+  std::vector<int> AddLeaf();
+  /// The most slots in use at once while summing n leaves.
+  static int SlotsNeeded(int n);
+
+ private:
+  struct Node {
+    int begin;
+    int count;
+  };
+  int n_;
+  int next_leaf_ = 0;
+  std::vector<Node> stack_;
+};
+
 }  // namespace pshard
 
 #endif  // PSHARD_COMMON_REDUCTION_TREE_H_

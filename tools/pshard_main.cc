@@ -42,6 +42,9 @@ ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay");
 ABSL_FLAG(int, micro_batches, 1, "micro-batches per trainer per step (gradient accumulation)");
 ABSL_FLAG(bool, accumulate_on_trainer, false, "trainers push once per step instead of per micro-batch");
+ABSL_FLAG(bool, fetch_once_per_step, false,
+          "trainers run all micro-batches of a step in one pass: each unit fetched and pushed once per step, "
+          "activations kept for every micro-batch (needs --accumulate_on_trainer)");
 ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
 ABSL_FLAG(int, fabric_group_size, 1,
@@ -110,6 +113,7 @@ int RunLocal() {
       absl::StrCat("--seq_len=", absl::GetFlag(FLAGS_seq_len)),
       absl::StrCat("--prefetch=", absl::GetFlag(FLAGS_prefetch)),
       absl::StrCat("--recompute=", absl::GetFlag(FLAGS_recompute) ? "true" : "false"),
+      absl::StrCat("--fetch_once_per_step=", absl::GetFlag(FLAGS_fetch_once_per_step) ? "true" : "false"),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),

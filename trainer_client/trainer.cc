@@ -29,6 +29,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
           client->job().num_trainers, " trainers' reduction tree (use aligned power-of-two groups)"));
     }
   }
+  if (options.fetch_once_per_step && client->job().micro_batches > 1 && !client->job().accumulate_on_trainer) {
+    return absl::InvalidArgumentError(
+        "fetching once per step runs all micro-batches in one pass and pushes their sum: it needs a job that "
+        "accumulates on the trainer (accumulate_on_trainer)");
+  }
   if (options.seq_len > client->job().model.context) {
     return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
                                                    " exceeds the model context ", client->job().model.context));
@@ -39,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
   model_options.recompute_blocks = options.recompute_blocks;
   model_options.device = options.device;
   model_options.prefetch_depth = options.prefetch_depth;
+  model_options.lanes = options.fetch_once_per_step ? client->job().micro_batches : 1;
   ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model, CreateUnitModel(client->layout().spec, model_options));
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
 }
@@ -63,12 +69,16 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
     return first;
   };
 
+  // One pass per micro-batch, or one for all of them (fetch_once_per_step):
+  // the model then sums them and each unit is pushed as soon as it is done.
+  const int lanes = model_->lanes();
+  const bool one_pass = lanes == job.micro_batches && lanes > 1;
   absl::Status status;
-  for (int micro = 0; micro < job.micro_batches && status.ok(); ++micro) {
-    status = RunMicroBatch(step, micro, &report, &log, &data, job.accumulate_on_trainer ? &accumulated : nullptr,
-                           &pushes);
+  for (int micro = 0; micro < job.micro_batches && status.ok(); micro += lanes) {
+    status = RunPass(step, micro, &report, &log, &data,
+                     job.accumulate_on_trainer && !one_pass ? &accumulated : nullptr, &pushes);
   }
-  for (int u = units - 1; u >= 0 && status.ok() && job.accumulate_on_trainer; --u) {
+  for (int u = units - 1; u >= 0 && status.ok() && job.accumulate_on_trainer && !one_pass; --u) {
     status = PushUnit(u, step, /*micro=*/0, accumulated[u].TakeTotal(), &log, &pushes);
   }
   const absl::Time wait_start = absl::Now();
@@ -117,13 +127,16 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   return report;
 }
 
-absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log,
-                                    IntervalUnion* data, std::vector<TreeReducer>* accumulated,
-                                    std::vector<std::shared_ptr<UnitTransfer>>* pushes) {
+absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report, TransferLog* log,
+                              IntervalUnion* data, std::vector<TreeReducer>* accumulated,
+                              std::vector<std::shared_ptr<UnitTransfer>>* pushes) {
   const absl::Time data_start = absl::Now();
-  RETURN_IF_ERROR(data_->SampleBatch(options_.data_seed, step, rank(), micro, options_.batch, options_.seq_len,
-                                     tokens_, targets_));
-  RETURN_IF_ERROR(model_->SetBatch(tokens_, targets_));
+  const int lanes = model_->lanes();
+  for (int lane = 0; lane < lanes; ++lane) {
+    RETURN_IF_ERROR(data_->SampleBatch(options_.data_seed, step, rank(), first_micro + lane, options_.batch,
+                                       options_.seq_len, tokens_, targets_));
+    RETURN_IF_ERROR(model_->SetBatch(lane, tokens_, targets_));
+  }
   data->Add(data_start, absl::Now());
 
   // Forward 0..K-1, then backward K-2..0: the last unit stays from forward.
@@ -157,8 +170,9 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
     pending.pop_front();
     RETURN_IF_ERROR(model_->FinishBackward(done.unit));
     grad_sum_of_squares += SumOfSquares(done.grads);
-    if (accumulated != nullptr) return (*accumulated)[done.unit].Add(micro, 1, std::move(done.grads));
-    return PushUnit(done.unit, step, micro, std::move(done.grads), log, pushes);
+    if (accumulated != nullptr) return (*accumulated)[done.unit].Add(first_micro, lanes, std::move(done.grads));
+    // A pass over every micro-batch pushes their sum, as accumulation does.
+    return PushUnit(done.unit, step, lanes > 1 ? 0 : first_micro, std::move(done.grads), log, pushes);
   };
   for (int u = k - 1; u >= 0; --u) {
     std::shared_ptr<UnitTransfer> w = std::move(last_unit);
@@ -171,9 +185,14 @@ absl::Status Trainer::RunMicroBatch(int64_t step, int micro, StepReport* report,
     while (pending.size() >= max_pending) RETURN_IF_ERROR(finish_oldest());
   }
   while (!pending.empty()) RETURN_IF_ERROR(finish_oldest());
-  ASSIGN_OR_RETURN(const double loss, model_->Loss());
-  report->loss += loss;
-  report->grad_norm += grad_sum_of_squares;  // squared; RunStep takes the RMS
+  for (int lane = 0; lane < lanes; ++lane) {
+    ASSIGN_OR_RETURN(const double loss, model_->Loss(lane));
+    report->loss += loss;
+  }
+  // Squared; RunStep divides by the micro-batches and takes the root: the
+  // RMS of the micro-batches' gradient norms, or with all of them in one
+  // pass, the norm of their mean gradient.
+  report->grad_norm += grad_sum_of_squares / lanes;
   return absl::OkStatus();
 }
 

@@ -29,6 +29,12 @@ struct TrainerOptions {
   bool recompute_blocks = false;
   /// Where the model runs: "cpu", "cuda" or "auto" (see CreateUnitModel).
   std::string device = "cpu";
+  /// Run all of a step's micro-batches in one pass, so that each unit is
+  /// fetched once per step (not once per micro-batch) and its gradient,
+  /// summed over them by the model, pushed once: the traffic of one
+  /// micro-batch for the activations of all of them. Needs a job that
+  /// accumulates on the trainer.
+  bool fetch_once_per_step = false;
   /// The fabric group this trainer belongs to (not owned; null: none). Its
   /// members are consecutive ranks starting at rank - group->rank().
   GroupCollective* group = nullptr;
@@ -49,7 +55,9 @@ struct StepTimes {
 struct StepReport {
   int64_t step = 0;
   double loss = 0.0;       ///< mean over the step's micro-batches
-  double grad_norm = 0.0;  ///< RMS over the step's micro-batches of this rank's gradient L2 norm
+  /// RMS over the step's micro-batches of this rank's gradient L2 norm (with
+  /// fetch_once_per_step: the L2 norm of their mean gradient).
+  double grad_norm = 0.0;
   int64_t tokens = 0;
   double flops = 0.0;      ///< model FLOPs of the step's forward + backward
   int64_t bytes_fetched = 0;
@@ -76,11 +84,12 @@ class Trainer {
  private:
   Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, std::unique_ptr<UnitModel> model);
 
-  /// Forward and backward of micro-batch `micro`; its gradients are pushed
-  /// (or added to `accumulated`, one reducer per unit, when not null).
-  absl::Status RunMicroBatch(int64_t step, int micro, StepReport* report, TransferLog* log, IntervalUnion* data,
-                             std::vector<TreeReducer>* accumulated,
-                             std::vector<std::shared_ptr<UnitTransfer>>* pushes);
+  /// Forward and backward of the model's lanes on micro-batches
+  /// first_micro, first_micro + 1, ...; their gradients (summed over the
+  /// lanes) are pushed, or added to `accumulated` (one reducer per unit)
+  /// when not null.
+  absl::Status RunPass(int64_t step, int first_micro, StepReport* report, TransferLog* log, IntervalUnion* data,
+                       std::vector<TreeReducer>* accumulated, std::vector<std::shared_ptr<UnitTransfer>>* pushes);
   /// Reduces `grads` within the group (if any) and starts pushing them.
   absl::Status PushUnit(int unit, int64_t step, int micro, std::vector<float> grads, TransferLog* log,
                         std::vector<std::shared_ptr<UnitTransfer>>* pushes);

@@ -38,6 +38,10 @@ ABSL_FLAG(int64_t, steps, 100, "train until this step (exclusive)");
 ABSL_FLAG(int, batch, 8, "sequences per micro-batch");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence (<= model context)");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing (0: none)");
+ABSL_FLAG(bool, fetch_once_per_step, false,
+          "run all of a step's micro-batches in one pass: each unit is fetched once per step and its summed "
+          "gradient pushed once, for the activations of every micro-batch (the job must accumulate on the "
+          "trainer)");
 ABSL_FLAG(bool, recompute, false,
           "keep only each block's input between forward and backward and recompute the block in backward "
           "(less activation memory, about one more forward of the blocks)");
@@ -213,6 +217,7 @@ int Run() {
   topts.prefetch_depth = absl::GetFlag(FLAGS_prefetch);
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
   topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
+  topts.fetch_once_per_step = absl::GetFlag(FLAGS_fetch_once_per_step);
   topts.device = absl::GetFlag(FLAGS_device);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
   if (!trainer.ok()) {
@@ -238,7 +243,11 @@ int Run() {
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
                 std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
                 (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(), model.DeviceName().c_str(),
-                mib(memory.activations).c_str(), topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
+                absl::StrCat(mib(memory.activations),
+                             model.lanes() > 1 ? absl::StrCat(" (", model.lanes(), " micro-batches held at once)")
+                                               : "")
+                    .c_str(),
+                topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
                 memory.device > 0
                     ? absl::StrCat("; ", mib(memory.device), " of device memory = activations + ",
                                    mib(memory.weights), " of bf16 weights (", topts.prefetch_depth + 1,

@@ -1,6 +1,7 @@
-// Gradient accumulation (pushing every micro-batch, or accumulating on the
-// trainer) and fabric groups (all-gather of fetches, reduce-scatter of
-// gradients inside the group) keep bit-for-bit parity.
+// Gradient accumulation (pushing every micro-batch, accumulating on the
+// trainer, or all micro-batches in one pass that fetches once per step) and
+// fabric groups (all-gather of fetches, reduce-scatter of gradients inside
+// the group) keep bit-for-bit parity.
 #include <cstring>
 #include <tuple>
 
@@ -32,7 +33,7 @@ TrainerOptions Tiny() { return TinyTrainerOptions(11); }
 // Trains kSteps with every trainer in a thread; `group_size` > 1 puts
 // consecutive ranks into host fabric groups. Returns the master weights.
 std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding encoding, int group_size,
-                                             const std::string& transport) {
+                                             const std::string& transport, bool fetch_once_per_step = false) {
   auto cluster = LocalCluster::Start(job);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return {};
@@ -40,6 +41,7 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncoding 
   how.encoding = encoding;
   how.transport = transport;
   how.trainer = Tiny();
+  how.trainer.fetch_once_per_step = fetch_once_per_step;
   how.group_size = group_size;
   how.steps = kSteps;
   absl::Status trained = TrainInThreads(**cluster, job.num_trainers, TestCorpus(), how);
@@ -120,6 +122,79 @@ INSTANTIATE_TEST_SUITE_P(HostGroups, FabricGroupTest,
                            return absl::StrCat(std::get<1>(info.param), "_G", c.group_size, "_K", c.micro_batches,
                                                c.accumulate ? "_accumulate" : "_push_every");
                          });
+
+// Fetching once per step: all micro-batches in one pass, their gradients
+// summed by the model in the reduction tree's order, so the servers see
+// exactly what accumulation on the trainer gives them; alone and in groups.
+struct FetchOnceCase {
+  int micro_batches;
+  int group_size;
+};
+
+class FetchOncePerStepTest : public ::testing::TestWithParam<std::tuple<FetchOnceCase, std::string>> {};
+
+TEST_P(FetchOncePerStepTest, EqualsAccumulationBitForBit) {
+  const auto& [c, transport] = GetParam();
+  const JobConfig job = Job(/*shards=*/3, /*trainers=*/2 * c.group_size, c.micro_batches, /*accumulate=*/true);
+  const auto once = TrainSharded(job, WireEncoding::kFp32, c.group_size, transport, /*fetch_once_per_step=*/true);
+  EXPECT_TRUE(BitIdentical(once, Reference(job, WireEncoding::kFp32)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FetchOncePerStepTest,
+                         ::testing::Combine(::testing::Values(FetchOnceCase{2, 1}, FetchOnceCase{3, 1},
+                                                              FetchOnceCase{4, 1}, FetchOnceCase{3, 2}),
+                                            ::testing::ValuesIn(EnabledTransports())),
+                         [](const auto& info) {
+                           const FetchOnceCase& c = std::get<0>(info.param);
+                           return absl::StrCat(std::get<1>(info.param), "_K", c.micro_batches, "_G", c.group_size);
+                         });
+
+// One trainer, step by step: the same losses and pushes, 1/K of the fetches.
+TEST(FetchOncePerStepTest, FetchesOncePerStepAndPushesTheSame) {
+  constexpr int kMicro = 4;
+  const JobConfig job = Job(/*shards=*/2, /*trainers=*/1, kMicro, /*accumulate=*/true);
+  std::vector<StepReport> reports[2];
+  for (bool once : {false, true}) {
+    auto cluster = LocalCluster::Start(job);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TrainerOptions options = Tiny();
+    options.fetch_once_per_step = once;
+    auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    EXPECT_EQ((*trainer)->model().lanes(), once ? kMicro : 1);
+    for (int64_t step = 0; step < 2; ++step) {
+      absl::StatusOr<StepReport> r = (*trainer)->RunStep(step);
+      ASSERT_TRUE(r.ok()) << r.status();
+      reports[once].push_back(*r);
+    }
+  }
+  for (size_t s = 0; s < reports[0].size(); ++s) {
+    const StepReport& per_micro = reports[0][s];
+    const StepReport& once = reports[1][s];
+    EXPECT_EQ(once.loss, per_micro.loss) << "step " << s;
+    EXPECT_EQ(once.tokens, per_micro.tokens);
+    EXPECT_EQ(once.bytes_pushed, per_micro.bytes_pushed);
+    EXPECT_EQ(once.bytes_fetched * kMicro, per_micro.bytes_fetched) << "step " << s;
+    EXPECT_EQ(once.fetch_latencies.size() * kMicro, per_micro.fetch_latencies.size());
+    EXPECT_GT(once.grad_norm, 0);
+  }
+}
+
+TEST(FetchOncePerStepTest, NeedsAccumulationOnTheTrainer) {
+  const JobConfig job = Job(2, 1, /*micro_batches=*/2, /*accumulate=*/false);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok());
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(client.ok());
+  TrainerOptions options = Tiny();
+  options.fetch_once_per_step = true;
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(trainer.status().message().find("accumulate_on_trainer"), std::string::npos) << trainer.status();
+}
 
 TEST(FabricGroupTest, MisalignedGroupIsRefused) {
   const JobConfig job = Job(2, 3, 1, false);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/reduction_tree.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
@@ -49,12 +50,15 @@ TrainingRun Train(const TrainerOptions& options, const JobConfig& job = Job()) {
   if (!trainer.ok()) return run;
   if (options.device == "cuda") {
     EXPECT_NE((*trainer)->model().DeviceName().find("cuda:0"), std::string::npos);
-    // Activations + (prefetch depth + 1) bf16 weight units + 2 fp32 gradient units.
+    // Activations + (prefetch depth + 1) bf16 weight units + 2 fp32 gradient
+    // units (each with room for the partial sums of the lanes).
     const ModelMemory memory = (*trainer)->model().Memory();
+    const int lanes = (*trainer)->model().lanes();
+    EXPECT_EQ(lanes, options.fetch_once_per_step ? job.micro_batches : 1);
     int64_t largest_unit = 0;
     for (const UnitSpec& unit : (*client)->layout().spec.units) largest_unit = std::max(largest_unit, unit.numel);
     EXPECT_EQ(memory.weights, (options.prefetch_depth + 1) * largest_unit * 2);
-    EXPECT_EQ(memory.gradients, 2 * largest_unit * 4);
+    EXPECT_EQ(memory.gradients, 2 * InOrderTreeSum::SlotsNeeded(lanes) * largest_unit * 4);
     EXPECT_EQ(memory.device, memory.activations + memory.weights + memory.gradients);
   }
   for (int64_t step = 0; step < kSteps; ++step) {
@@ -131,18 +135,28 @@ TEST(CudaTrainerTest, PipelineDepthAndRecomputeChangeNoBit) {
   EXPECT_TRUE(BitIdentical(Train(recompute), base)) << "recomputed blocks";
 }
 
-// Gradient accumulation on the GPU, both ways: pushing every micro-batch
-// and accumulating on the trainer give the servers the same sums.
+// Gradient accumulation on the GPU, every way: pushing every micro-batch,
+// accumulating on the trainer, and all micro-batches in one pass (lanes
+// sharing a workspace, their gradients summed on the device in the
+// reduction tree's order; also with recomputed blocks) give the servers
+// the same sums.
 TEST(CudaTrainerTest, AccumulationModesAgree) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   JobConfig job = Job();
-  job.micro_batches = 4;
+  job.micro_batches = 3;
   job.accumulate_on_trainer = false;
   const TrainingRun pushed = Train(Options("cuda"), job);
   job.accumulate_on_trainer = true;
   const TrainingRun accumulated = Train(Options("cuda"), job);
+  TrainerOptions once = Options("cuda");
+  once.fetch_once_per_step = true;
+  const TrainingRun one_pass = Train(once, job);
+  once.recompute_blocks = true;
+  const TrainingRun one_pass_recomputed = Train(once, job);
   ASSERT_EQ(pushed.losses.size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(BitIdentical(pushed, accumulated));
+  EXPECT_TRUE(BitIdentical(one_pass, accumulated));
+  EXPECT_TRUE(BitIdentical(one_pass_recomputed, accumulated));
   EXPECT_LT(pushed.losses.back(), pushed.losses.front());
 }
 

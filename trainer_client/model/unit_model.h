@@ -38,12 +38,15 @@ struct ModelTimeline {
 
 /// Memory a model holds, in bytes.
 struct ModelMemory {
-  int64_t activations = 0;  ///< activations and gradient scratch (where the model computes)
+  int64_t activations = 0;  ///< activations (of every lane) and gradient scratch, where the model computes
   int64_t weights = 0;      ///< device buffers for units' weights ((prefetch depth + 1) units)
   int64_t gradients = 0;    ///< device buffers for units' gradients
   int64_t device = 0;       ///< all the model holds on its device; 0 for the CPU model
 };
 
+/// A model holds one micro-batch, or several at once ("lanes",
+/// UnitModelOptions::lanes): then each unit's weights, handed over once,
+/// serve every lane, and its gradient comes back summed over the lanes.
 class UnitModel {
  public:
   /// Backward calls that may be started and not finished at one time.
@@ -51,14 +54,16 @@ class UnitModel {
 
   virtual ~UnitModel() = default;
 
-  /// Sets the micro-batch (batch*seq_len tokens and next-token targets).
-  /// Waits for the model's earlier work.
-  virtual absl::Status SetBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets) = 0;
-  /// Starts the forward of `unit` (0..K-1 in order) with its flat fp32
-  /// weights. `weights` may be released once this returns.
+  /// Sets lane `lane`'s micro-batch (batch*seq_len tokens and next-token
+  /// targets). Waits for the model's earlier work.
+  virtual absl::Status SetBatch(int lane, std::span<const int32_t> tokens, std::span<const int32_t> targets) = 0;
+  /// Starts the forward of `unit` (0..K-1 in order) on every lane with its
+  /// flat fp32 weights. `weights` may be released once this returns.
   virtual absl::Status ForwardUnit(int unit, std::span<const float> weights) = 0;
-  /// Starts the backward of `unit` (K-1..0 after a full forward) with the
-  /// same weights. The gradient of the mean loss goes to `grads` (the unit's
+  /// Starts the backward of `unit` (K-1..0 after a full forward) on every
+  /// lane with the same weights. The gradient of each lane's mean loss,
+  /// summed over the lanes in the reduction tree's order
+  /// (common/reduction_tree.h, leaf i = lane i), goes to `grads` (the unit's
   /// numel elements; padding after them is left alone), which the caller
   /// keeps valid and does not read until FinishBackward(unit) returns. At
   /// most kMaxPendingBackward backwards are started and not finished.
@@ -66,15 +71,17 @@ class UnitModel {
   /// Waits until the gradient of the oldest unfinished backward, which must
   /// be `unit`'s, is in its `grads`.
   virtual absl::Status FinishBackward(int unit) = 0;
-  /// Mean cross-entropy of the last full forward, in nats (waits for it).
-  virtual absl::StatusOr<double> Loss() = 0;
+  /// Mean cross-entropy of lane `lane` in the last full forward, in nats
+  /// (waits for it).
+  virtual absl::StatusOr<double> Loss(int lane) = 0;
   /// Waits for all work started and returns the timeline since the last
   /// call (or since the model was made), forgetting it.
   virtual absl::StatusOr<ModelTimeline> TakeTimeline() = 0;
 
   virtual int num_units() const = 0;
+  virtual int lanes() const = 0;
   virtual ModelMemory Memory() const = 0;
-  /// Model FLOPs of one forward + backward of a micro-batch (for MFU).
+  /// Model FLOPs of one forward + backward of one lane's micro-batch (for MFU).
   virtual double FlopsPerMicroBatch() const = 0;
   /// "cpu", or the CUDA device ("cuda:0 NVIDIA H200").
   virtual std::string DeviceName() const = 0;
@@ -123,8 +130,10 @@ class PendingBackwards {
 };
 
 struct UnitModelOptions {
-  int batch = 8;
+  int batch = 8;    ///< sequences per micro-batch
   int seq_len = 64;
+  /// Micro-batches held at once: activations for each, one pass of weights.
+  int lanes = 1;
   /// Keep only each block's input between forward and backward and
   /// recompute the rest in backward.
   bool recompute_blocks = false;

@@ -31,7 +31,9 @@ TEST(ParallelForTest, CoversEveryElementOnceInChunksOfAtLeastTheGrain) {
         ASSERT_EQ(visits[i].load(), 1) << "n " << n << " grain " << grain << " at " << i;
       }
       for (const auto& [begin, end] : chunks) {
-        if (end != n) EXPECT_GE(end - begin, grain) << "n " << n;
+        if (end != n) {
+          EXPECT_GE(end - begin, grain) << "n " << n;
+        }
       }
       EXPECT_LE(chunks.size(), 4u);
     }

@@ -1,6 +1,7 @@
 #include "common/reduction_tree.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -88,6 +89,29 @@ TEST(ReductionTreeTest, ReducerMatchesTreeSumInAnyOrderAndGrouping) {
       ASSERT_TRUE(reducer.complete()) << n;
       EXPECT_TRUE(BitEqual(reducer.TakeTotal(), expected)) << "n=" << n << " trial " << trial;
     }
+  }
+}
+
+// A device sums micro-batch gradients in a few fixed buffers by following
+// InOrderTreeSum's merges; the result must be the tree's sum, bit for bit.
+TEST(ReductionTreeTest, InOrderStackOfSlotsMatchesTreeSum) {
+  for (int n = 1; n <= 17; ++n) {
+    const auto leaves = Leaves(n, 16, 300 + n);
+    const int needed = InOrderTreeSum::SlotsNeeded(n);
+    EXPECT_LE(needed, 1 + static_cast<int>(std::floor(std::log2(n)))) << "n=" << n;
+    std::vector<std::vector<float>> slots(needed);
+    InOrderTreeSum sum(n);
+    for (int i = 0; i < n; ++i) {
+      const int slot = sum.NextSlot();
+      ASSERT_LT(slot, needed) << "n=" << n << " leaf " << i;
+      slots[slot] = leaves[i];
+      for (int s : sum.AddLeaf()) {
+        ASSERT_GE(s, 1);
+        for (size_t k = 0; k < slots[s].size(); ++k) slots[s - 1][k] = slots[s - 1][k] + slots[s][k];
+      }
+    }
+    EXPECT_EQ(sum.NextSlot(), 1) << "n=" << n << ": one partial sum left, the total";
+    EXPECT_TRUE(BitEqual(slots[0], TreeSum(leaves))) << "n=" << n;
   }
 }
 

@@ -81,7 +81,8 @@ class CudaGpt::Carver {
 
 absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, int batch,
                                                          int seq_len, int device,
-                                                         bool recompute_blocks) {
+                                                         bool recompute_blocks,
+                                                         const CudaGpt* share_workspace) {
   const GptConfig& cfg = spec.config;
   RETURN_IF_ERROR(cfg.Validate());
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
@@ -93,6 +94,16 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, 
     return absl::InvalidArgumentError(absl::StrCat("a GPT with ", cfg.num_layers, " layers has ",
                                                    cfg.num_layers + 2, " units, the spec has ",
                                                    spec.units.size()));
+  }
+  if (share_workspace != nullptr &&
+      (share_workspace->batch_ != batch || share_workspace->seq_len_ != seq_len ||
+       share_workspace->device_ != device || share_workspace->recompute_blocks_ != recompute_blocks ||
+       share_workspace->spec_.config.num_layers != cfg.num_layers ||
+       share_workspace->spec_.config.d_model != cfg.d_model ||
+       share_workspace->spec_.config.num_heads != cfg.num_heads ||
+       share_workspace->spec_.config.vocab != cfg.vocab)) {
+    return absl::InvalidArgumentError(
+        "a workspace can only be shared by models of the same shape, device and recomputation");
   }
   std::unique_ptr<CudaGpt> model(new CudaGpt());
   model->spec_ = spec;
@@ -111,16 +122,24 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, 
       model->blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
 
-  Carver measure(nullptr);
-  model->CarveBuffers(measure);
-  model->arena_bytes_ = measure.bytes();
+  Carver measure_lane(nullptr), measure_workspace(nullptr);
+  model->CarveLane(measure_lane);
+  model->CarveWorkspace(measure_workspace);
+  model->arena_bytes_ = measure_lane.bytes();
   CUDA_RETURN_IF_ERROR(cudaMalloc(&model->arena_, model->arena_bytes_));
   // Zero-filled so that no output ever depends on uninitialised memory; the
   // device sync orders it before work on any (non-blocking) stream.
   CUDA_RETURN_IF_ERROR(cudaMemset(model->arena_, 0, model->arena_bytes_));
+  if (share_workspace == nullptr) {
+    model->workspace_bytes_ = measure_workspace.bytes();
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&model->workspace_, model->workspace_bytes_));
+    CUDA_RETURN_IF_ERROR(cudaMemset(model->workspace_, 0, model->workspace_bytes_));
+  }
   CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
-  Carver carve(model->arena_);
-  model->CarveBuffers(carve);
+  Carver carve_lane(model->arena_);
+  model->CarveLane(carve_lane);
+  Carver carve_workspace(share_workspace == nullptr ? model->workspace_ : share_workspace->workspace_);
+  model->CarveWorkspace(carve_workspace);
   return model;
 }
 
@@ -130,6 +149,7 @@ CudaGpt::~CudaGpt() {
   cudaSetDevice(device_);
   if (done_ != nullptr) cudaEventSynchronize(done_);
   if (arena_ != nullptr) cudaFree(arena_);
+  if (workspace_ != nullptr) cudaFree(workspace_);
   if (blas_ != nullptr) cublasDestroy(blas_);
   if (upload_stream_ != nullptr) cudaStreamDestroy(upload_stream_);
   if (done_ != nullptr) cudaEventDestroy(done_);
@@ -143,11 +163,10 @@ absl::Status CudaGpt::CheckLayout() {
   return absl::OkStatus();
 }
 
-void CudaGpt::CarveBuffers(Carver& carver) {
+void CudaGpt::CarveLane(Carver& carver) {
   const GptConfig& cfg = spec_.config;
   const int64_t n = rows();
   const int64_t c = cfg.d_model;
-  const int64_t att_size = int64_t{batch_} * cfg.num_heads * seq_len_ * seq_len_;
   tokens_ = carver.Take<int32_t>(n);
   targets_ = carver.Take<int32_t>(n);
   row_tokens_ = carver.Take<int32_t>(n);
@@ -155,32 +174,32 @@ void CudaGpt::CarveBuffers(Carver& carver) {
   row_position_ = carver.Take<int32_t>(n);
   residuals_.resize(cfg.num_layers + 1);
   for (bf16*& r : residuals_) r = carver.Take<bf16>(n * c);
-  // With recomputation every block shares one set, refilled by the block's
-  // forward rerun at the start of its backward.
-  blocks_.resize(recompute_blocks_ ? 1 : cfg.num_layers);
-  for (BlockActivations& a : blocks_) {
-    a.ln1 = carver.Take<bf16>(n * c);
-    a.ln1_mean = carver.Take<float>(n);
-    a.ln1_rstd = carver.Take<float>(n);
-    a.qkv = carver.Take<bf16>(n * 3 * c);
-    a.att = carver.Take<bf16>(att_size);
-    a.atty = carver.Take<bf16>(n * c);
-    a.residual2 = carver.Take<bf16>(n * c);
-    a.ln2 = carver.Take<bf16>(n * c);
-    a.ln2_mean = carver.Take<float>(n);
-    a.ln2_rstd = carver.Take<float>(n);
-    a.fch = carver.Take<bf16>(n * 4 * c);
-    a.fch_gelu = carver.Take<bf16>(n * 4 * c);
+  // With recomputation every block shares one set, in the workspace: the
+  // block's forward rerun at the start of its backward refills it.
+  if (!recompute_blocks_) {
+    blocks_.resize(cfg.num_layers);
+    for (BlockActivations& a : blocks_) CarveBlock(carver, a);
   }
-  blocks_.resize(cfg.num_layers, blocks_.front());
   lnf_ = carver.Take<bf16>(n * c);
   lnf_mean_ = carver.Take<float>(n);
   lnf_rstd_ = carver.Take<float>(n);
   logits_ = carver.Take<bf16>(n * cfg.vocab);
   losses_ = carver.Take<float>(n);
+  dresidual_ = carver.Take<bf16>(n * c);  // carried from unit to unit in backward
+}
+
+void CudaGpt::CarveWorkspace(Carver& carver) {
+  const GptConfig& cfg = spec_.config;
+  const int64_t n = rows();
+  const int64_t c = cfg.d_model;
+  const int64_t att_size = int64_t{batch_} * cfg.num_heads * seq_len_ * seq_len_;
+  if (recompute_blocks_) {
+    blocks_.resize(1);
+    CarveBlock(carver, blocks_[0]);
+    blocks_.resize(cfg.num_layers, blocks_[0]);
+  }
   scores_ = carver.Take<float>(att_size);
   dscores_ = carver.Take<bf16>(att_size);
-  dresidual_ = carver.Take<bf16>(n * c);
   dln_ = carver.Take<bf16>(n * c);
   datty_ = carver.Take<bf16>(n * c);
   dqkv_ = carver.Take<bf16>(n * 3 * c);
@@ -188,6 +207,23 @@ void CudaGpt::CarveBuffers(Carver& carver) {
   dfch_ = carver.Take<bf16>(n * 4 * c);
   blas_workspace_bytes_ = kBlasWorkspaceBytes;
   blas_workspace_ = carver.Take<char>(blas_workspace_bytes_);
+}
+
+void CudaGpt::CarveBlock(Carver& carver, BlockActivations& a) {
+  const int64_t n = rows();
+  const int64_t c = spec_.config.d_model;
+  a.ln1 = carver.Take<bf16>(n * c);
+  a.ln1_mean = carver.Take<float>(n);
+  a.ln1_rstd = carver.Take<float>(n);
+  a.qkv = carver.Take<bf16>(n * 3 * c);
+  a.att = carver.Take<bf16>(int64_t{batch_} * spec_.config.num_heads * seq_len_ * seq_len_);
+  a.atty = carver.Take<bf16>(n * c);
+  a.residual2 = carver.Take<bf16>(n * c);
+  a.ln2 = carver.Take<bf16>(n * c);
+  a.ln2_mean = carver.Take<float>(n);
+  a.ln2_rstd = carver.Take<float>(n);
+  a.fch = carver.Take<bf16>(n * 4 * c);
+  a.fch_gelu = carver.Take<bf16>(n * 4 * c);
 }
 
 // ---------------------------------------------------------------- batch

@@ -53,9 +53,17 @@ class CudaGpt {
   /// forward and backward; a block's backward first reruns its forward
   /// (bit-identically) into activations all blocks share, so activation
   /// memory no longer grows with the layers but for one [N,C] per layer.
+  ///
+  /// With `share_workspace` (a model of the same shape, device and
+  /// recomputation, which must outlive this one), the two share their
+  /// scratch (and the recomputed block's activations) and keep only their
+  /// own batch and saved activations: several micro-batches resident at
+  /// once for little more than their activations. Models sharing a
+  /// workspace must not run at the same time: call them on one stream.
   static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec, int batch,
                                                          int seq_len, int device = 0,
-                                                         bool recompute_blocks = false);
+                                                         bool recompute_blocks = false,
+                                                         const CudaGpt* share_workspace = nullptr);
   ~CudaGpt();
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;
@@ -86,9 +94,10 @@ class CudaGpt {
   /// FailedPrecondition before a full forward.
   absl::StatusOr<float> Loss(cudaStream_t stream);
 
-  /// Device bytes held: activations, gradient scratch, the batch and the
-  /// cuBLAS workspace.
-  int64_t ActivationBytes() const { return arena_bytes_; }
+  /// Device bytes this model allocated: the batch and saved activations,
+  /// and unless it shares another's, the workspace (gradient scratch, the
+  /// recomputed block, the cuBLAS workspace).
+  int64_t ActivationBytes() const { return arena_bytes_ + workspace_bytes_; }
 
   /// FLOPs of one forward+backward of a micro-batch, counted exactly as
   /// CpuGpt::FlopsPerMicroBatch does.
@@ -121,9 +130,12 @@ class CudaGpt {
   CudaGpt() = default;
 
   absl::Status CheckLayout();
-  // Assigns every device pointer below from `carver` (sizes only when it
-  // measures).
-  void CarveBuffers(Carver& carver);
+  // Assign the device pointers below from `carver` (sizes only when it
+  // measures): this model's own (the batch, saved activations, the residual
+  // gradient carried between units), and the shareable workspace.
+  void CarveLane(Carver& carver);
+  void CarveWorkspace(Carver& carver);
+  void CarveBlock(Carver& carver, BlockActivations& a);
   absl::Status BuildBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets);
 
   // Every enqueuing call starts with BeginCall (device, wait for the previous
@@ -166,9 +178,12 @@ class CudaGpt {
   cudaStream_t upload_stream_ = nullptr;  // SetBatch's copies
   cudaEvent_t done_ = nullptr;            // recorded after each call's work
 
-  // One allocation holds every device buffer below.
+  // One allocation holds this model's own buffers below, another the
+  // workspace (null when shared from another model).
   void* arena_ = nullptr;
   int64_t arena_bytes_ = 0;
+  void* workspace_ = nullptr;
+  int64_t workspace_bytes_ = 0;
 
   // The batch, uploaded as one block of ints: tokens, targets and the
   // token-grouped positions for the deterministic wte backward.
@@ -189,10 +204,11 @@ class CudaGpt {
   bf16* logits_ = nullptr;   // [N,V]; after the head's forward, d loss / d logits
   float* losses_ = nullptr;  // [N] per-row cross-entropy
 
-  // Scratch reused by every layer.
+  bf16* dresidual_ = nullptr;  // [N,C] gradient wrt the current unit's output
+
+  // Workspace, reused by every layer.
   float* scores_ = nullptr;    // [B,H,T,T] attention scores (forward), d att (backward)
   bf16* dscores_ = nullptr;    // [B,H,T,T]
-  bf16* dresidual_ = nullptr;  // [N,C] gradient wrt the current unit's output
   bf16* dln_ = nullptr;        // [N,C]
   bf16* datty_ = nullptr;      // [N,C]
   bf16* dqkv_ = nullptr;       // [N,3C]

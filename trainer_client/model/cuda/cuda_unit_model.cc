@@ -6,8 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
+#include "common/reduction_tree.h"
 #include "common/status_macros.h"
 #include "trainer_client/model/cuda/cuda_check.h"
+#include "trainer_client/model/cuda/kernels.h"
 
 namespace pshard {
 namespace {
@@ -43,8 +45,12 @@ absl::StatusOr<std::unique_ptr<UnitModel>> CudaUnitModel::Create(const ModelSpec
 
 absl::Status CudaUnitModel::Init(const ModelSpec& spec, const UnitModelOptions& options) {
   spec_ = spec;
-  ASSIGN_OR_RETURN(model_,
-                   CudaGpt::Create(spec, options.batch, options.seq_len, device_, options.recompute_blocks));
+  for (int m = 0; m < options.lanes; ++m) {
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> lane,
+                     CudaGpt::Create(spec, options.batch, options.seq_len, device_, options.recompute_blocks,
+                                     m == 0 ? nullptr : lanes_[0].get()));
+    lanes_.push_back(std::move(lane));
+  }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
@@ -62,7 +68,10 @@ absl::Status CudaUnitModel::Init(const ModelSpec& spec, const UnitModelOptions& 
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&w.consumed, cudaEventDisableTiming));
   }
   for (GradientSlot& g : gradients_) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&g.device), n * sizeof(float)));
+    g.buffers.assign(InOrderTreeSum::SlotsNeeded(options.lanes), nullptr);
+    for (float*& buffer : g.buffers) {
+      CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&buffer), n * sizeof(float)));
+    }
     CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&g.staging), n * sizeof(float)));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g.computed, cudaEventDisableTiming));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&g.downloaded, cudaEventDisableTiming));
@@ -84,7 +93,7 @@ CudaUnitModel::~CudaUnitModel() {
     if (w.consumed != nullptr) cudaEventDestroy(w.consumed);
   }
   for (GradientSlot& g : gradients_) {
-    cudaFree(g.device);
+    for (float* buffer : g.buffers) cudaFree(buffer);
     cudaFreeHost(g.staging);
     if (g.computed != nullptr) cudaEventDestroy(g.computed);
     if (g.downloaded != nullptr) cudaEventDestroy(g.downloaded);
@@ -98,16 +107,26 @@ CudaUnitModel::~CudaUnitModel() {
 
 ModelMemory CudaUnitModel::Memory() const {
   ModelMemory m;
-  m.activations = model_->ActivationBytes();
+  for (const auto& lane : lanes_) m.activations += lane->ActivationBytes();
   m.weights = static_cast<int64_t>(weights_.size()) * max_numel_ * static_cast<int64_t>(sizeof(__nv_bfloat16));
-  m.gradients = static_cast<int64_t>(gradients_.size()) * max_numel_ * static_cast<int64_t>(sizeof(float));
+  m.gradients = static_cast<int64_t>(gradients_.size() * gradients_[0].buffers.size()) * max_numel_ *
+                static_cast<int64_t>(sizeof(float));
   m.device = m.activations + m.weights + m.gradients;
   return m;
 }
 
-absl::Status CudaUnitModel::SetBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets) {
+absl::Status CudaUnitModel::CheckLane(int lane) const {
+  if (lane < 0 || lane >= lanes()) {
+    return absl::InvalidArgumentError(absl::StrCat("lane ", lane, " of a model with ", lanes(), " lanes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaUnitModel::SetBatch(int lane, std::span<const int32_t> tokens,
+                                     std::span<const int32_t> targets) {
+  RETURN_IF_ERROR(CheckLane(lane));
   last_forward_unit_ = -1;
-  return model_->SetBatch(tokens, targets);
+  return lanes_[lane]->SetBatch(tokens, targets);
 }
 
 absl::Status CudaUnitModel::CheckUnit(int unit, std::span<const float> weights) const {
@@ -153,7 +172,7 @@ absl::Status CudaUnitModel::ForwardUnit(int unit, std::span<const float> weights
   last_forward_unit_ = -1;
   ASSIGN_OR_RETURN(WeightSlot * slot, Stage(unit, weights));
   ASSIGN_OR_RETURN(cudaEvent_t begin, Mark(compute_));
-  RETURN_IF_ERROR(model_->ForwardUnit(unit, slot->device, compute_));
+  for (const auto& lane : lanes_) RETURN_IF_ERROR(lane->ForwardUnit(unit, slot->device, compute_));
   RETURN_IF_ERROR(AddSpan(begin, compute_, /*compute=*/true));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->consumed, compute_));
   last_forward_unit_ = unit;
@@ -182,7 +201,13 @@ absl::Status CudaUnitModel::BackwardUnit(int unit, std::span<const float> weight
   // The gradient buffer is free once its previous copy out is done.
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute_, g.downloaded, 0));
   ASSIGN_OR_RETURN(cudaEvent_t begin, Mark(compute_));
-  RETURN_IF_ERROR(model_->BackwardUnit(unit, slot->device, g.device, compute_));
+  InOrderTreeSum sum(lanes());
+  for (const auto& lane : lanes_) {
+    RETURN_IF_ERROR(lane->BackwardUnit(unit, slot->device, g.buffers[sum.NextSlot()], compute_));
+    for (int s : sum.AddLeaf()) {
+      CUDA_RETURN_IF_ERROR(internal::AddInPlace(g.buffers[s - 1], g.buffers[s], numel, compute_));
+    }
+  }
   RETURN_IF_ERROR(AddSpan(begin, compute_, /*compute=*/true));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(slot->consumed, compute_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(g.computed, compute_));
@@ -190,7 +215,7 @@ absl::Status CudaUnitModel::BackwardUnit(int unit, std::span<const float> weight
   CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(download_, g.computed, 0));
   ASSIGN_OR_RETURN(begin, Mark(download_));
   CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(g.staging, g.device, numel * sizeof(float), cudaMemcpyDeviceToHost, download_));
+      cudaMemcpyAsync(g.staging, g.buffers[0], numel * sizeof(float), cudaMemcpyDeviceToHost, download_));
   RETURN_IF_ERROR(AddSpan(begin, download_, /*compute=*/false));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(g.downloaded, download_));
   g.destination = grads.first(numel);
@@ -212,8 +237,9 @@ absl::Status CudaUnitModel::FinishBackward(int unit) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaUnitModel::Loss() {
-  ASSIGN_OR_RETURN(float loss, model_->Loss(compute_));
+absl::StatusOr<double> CudaUnitModel::Loss(int lane) {
+  RETURN_IF_ERROR(CheckLane(lane));
+  ASSIGN_OR_RETURN(float loss, lanes_[lane]->Loss(compute_));
   return static_cast<double>(loss);
 }
 

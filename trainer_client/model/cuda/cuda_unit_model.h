@@ -7,8 +7,12 @@
 // slots (pinned host staging + device buffer): while unit i computes from
 // one slot, the host rounds unit i+1 to bf16 into the next slot's staging
 // and the upload stream copies it in. Gradients go through two slots
-// (device buffer + pinned staging): unit u's gradient is copied out and
+// (device buffers + pinned staging): unit u's gradient is copied out and
 // handed to the trainer while unit u-1's backward runs into the other one.
+// With several lanes (micro-batches held at once), every lane is a CudaGpt
+// sharing lane 0's workspace; a unit's forward and backward run on each
+// lane in turn, and the lanes' gradients are summed on the device in the
+// reduction tree's order (InOrderTreeSum) within the slot's buffers.
 // Only events order the streams; the host waits only for a slot it is
 // about to refill and for a gradient it is asked for.
 #ifndef PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_UNIT_MODEL_H_
@@ -38,15 +42,16 @@ class CudaUnitModel final : public UnitModel {
                                                            int device);
   ~CudaUnitModel() override;
 
-  absl::Status SetBatch(std::span<const int32_t> tokens, std::span<const int32_t> targets) override;
+  absl::Status SetBatch(int lane, std::span<const int32_t> tokens, std::span<const int32_t> targets) override;
   absl::Status ForwardUnit(int unit, std::span<const float> weights) override;
   absl::Status BackwardUnit(int unit, std::span<const float> weights, std::span<float> grads) override;
   absl::Status FinishBackward(int unit) override;
-  absl::StatusOr<double> Loss() override;
+  absl::StatusOr<double> Loss(int lane) override;
   absl::StatusOr<ModelTimeline> TakeTimeline() override;
-  int num_units() const override { return model_->num_units(); }
+  int num_units() const override { return lanes_[0]->num_units(); }
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
   ModelMemory Memory() const override;
-  double FlopsPerMicroBatch() const override { return model_->FlopsPerMicroBatch(); }
+  double FlopsPerMicroBatch() const override { return lanes_[0]->FlopsPerMicroBatch(); }
   std::string DeviceName() const override { return name_; }
   bool asynchronous() const override { return true; }
 
@@ -59,9 +64,10 @@ class CudaUnitModel final : public UnitModel {
     cudaEvent_t consumed = nullptr;  // compute stream, after the last unit that read it
     int unit = -1;                   // what it holds; -1 none
   };
-  // One unit's gradient on its way out.
+  // One unit's gradient on its way out: the lanes' partial sums (one
+  // buffer with one lane), the total in buffers[0].
   struct GradientSlot {
-    float* device = nullptr;
+    std::vector<float*> buffers;
     float* staging = nullptr;          // pinned
     cudaEvent_t computed = nullptr;    // compute stream, after the backward
     cudaEvent_t downloaded = nullptr;  // download stream, after the copy out
@@ -90,8 +96,10 @@ class CudaUnitModel final : public UnitModel {
 
   static constexpr int kHostThreads = 8;
 
+  absl::Status CheckLane(int lane) const;
+
   ModelSpec spec_;
-  std::unique_ptr<CudaGpt> model_;
+  std::vector<std::unique_ptr<CudaGpt>> lanes_;  // lane 0 owns the shared workspace
   const int device_;
   std::string name_;
   int64_t max_numel_ = 0;

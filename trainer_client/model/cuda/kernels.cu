@@ -327,6 +327,13 @@ __global__ void ResidualForwardKernel(bf16* out, const bf16* a, const bf16* b, i
   PSHARD_FOR_EACH_ELEMENT(i, count) { out[i] = ToBf16(ToFloat(a[i]) + ToFloat(b[i])); }
 }
 
+// ---------------------------------------------------------------- gradient sums
+
+// __fadd_rn: a plain IEEE sum, never contracted into anything else.
+__global__ void AddInPlaceKernel(float* a, const float* b, int64_t count) {
+  PSHARD_FOR_EACH_ELEMENT(i, count) { a[i] = __fadd_rn(a[i], b[i]); }
+}
+
 // ---------------------------------------------------------------- loss
 
 // One block per row: max, sum of exponentials, then loss and gradient.
@@ -461,6 +468,11 @@ cudaError_t SoftmaxCrossEntropy(bf16* logits_to_dlogits, float* losses, const in
                                 int rows, int vocab, cudaStream_t stream) {
   SoftmaxCrossEntropyKernel<<<rows, kThreads, 0, stream>>>(logits_to_dlogits, losses, targets,
                                                            vocab, 1.0f / rows);
+  return cudaGetLastError();
+}
+
+cudaError_t AddInPlace(float* a, const float* b, int64_t count, cudaStream_t stream) {
+  AddInPlaceKernel<<<ElementwiseBlocks(count), kThreads, 0, stream>>>(a, b, count);
   return cudaGetLastError();
 }
 

@@ -123,6 +123,13 @@ cudaError_t ResidualForward(bf16* out, const bf16* a, const bf16* b, int64_t cou
 cudaError_t SoftmaxCrossEntropy(bf16* logits_to_dlogits, float* losses, const int32_t* targets,
                                 int rows, int vocab, cudaStream_t stream);
 
+// ---------------------------------------------------------------- gradient sums
+
+/// a[i] = a[i] + b[i] in fp32, rounded once: bit for bit the sum the host's
+/// TreeReducer forms, so micro-batch gradients summed here in the reduction
+/// tree's order equal the host's sum.
+cudaError_t AddInPlace(float* a, const float* b, int64_t count, cudaStream_t stream);
+
 // ---------------------------------------------------------------- conversion
 
 /// out[i] = in[i] rounded to bf16 to nearest, ties to even; NaN stays a
