@@ -12,8 +12,10 @@
 #
 #   bench/overlap.sh [--bin_dir=build/bin] [--device=cpu|cuda] [--out=DIR]
 #                    [--comm_factor=2] [--steps=12] [-- extra pshard local flags]
-# Default model: the CPU demo scale (6 x 256, batch 8 x 128); on cuda the
-# GPT-2 124M configuration at batch 8 x 1024.
+# Default model: on cpu, 6 x 256 at batch 8 x 128; on cuda, the GPT-2 124M
+# configuration with 64 micro-batches of 8 x 1024 per step in one pass
+# (--fetch_once_per_step, blocks recomputed to fit them): the GPU computes
+# for longer than the step's fetches and pushes take at loopback speed.
 set -euo pipefail
 bin=build/bin device=cpu out="" factor=2 steps=12
 extra=()
@@ -36,7 +38,8 @@ servers=2
 if [[ $device == cpu ]]; then
   model=(--layers=6 --d_model=256 --heads=8 --context=128 --seq_len=128 --batch=8)
 else
-  model=(--layers=12 --d_model=768 --heads=12 --context=1024 --seq_len=1024 --batch=8)
+  model=(--layers=12 --d_model=768 --heads=12 --context=1024 --seq_len=1024 --batch=8 --micro_batches=64
+         --accumulate_on_trainer --fetch_once_per_step --recompute)
 fi
 
 # Runs one setting; prints "wall compute busy mib" per step (ms, ms, ms, MiB).
