@@ -30,6 +30,7 @@ ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
 ABSL_FLAG(bool, recompute, false, "trainers recompute each block in backward instead of keeping its activations");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding: fp32 or bf16");
 ABSL_FLAG(std::string, device, "cpu", "where trainers run the model: cpu, cuda or auto");
+ABSL_FLAG(std::string, attention, "auto", "GPU trainers' attention: auto, fused or materialized");
 ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
 ABSL_FLAG(int, d_model, 128, "model width");
@@ -116,6 +117,7 @@ int RunLocal() {
       absl::StrCat("--fetch_once_per_step=", absl::GetFlag(FLAGS_fetch_once_per_step) ? "true" : "false"),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
+      absl::StrCat("--attention=", absl::GetFlag(FLAGS_attention)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
   };

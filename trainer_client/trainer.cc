@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, co
   model_options.device = options.device;
   model_options.prefetch_depth = options.prefetch_depth;
   model_options.lanes = options.fetch_once_per_step ? client->job().micro_batches : 1;
+  model_options.attention = options.attention;
   ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model, CreateUnitModel(client->layout().spec, model_options));
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
 }

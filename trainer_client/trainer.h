@@ -35,6 +35,8 @@ struct TrainerOptions {
   /// micro-batch for the activations of all of them. Needs a job that
   /// accumulates on the trainer.
   bool fetch_once_per_step = false;
+  /// The CUDA model's attention kernel: "auto", "fused", "materialized".
+  std::string attention = "auto";
   /// The fabric group this trainer belongs to (not owned; null: none). Its
   /// members are consecutive ranks starting at rank - group->rank().
   GroupCollective* group = nullptr;

@@ -42,6 +42,9 @@ ABSL_FLAG(bool, fetch_once_per_step, false,
           "run all of a step's micro-batches in one pass: each unit is fetched once per step and its summed "
           "gradient pushed once, for the activations of every micro-batch (the job must accumulate on the "
           "trainer)");
+ABSL_FLAG(std::string, attention, "auto",
+          "GPU attention: fused (tiled, no T x T matrices; head size 64), materialized (cuBLAS around a softmax "
+          "kernel), or auto (fused where it applies)");
 ABSL_FLAG(bool, recompute, false,
           "keep only each block's input between forward and backward and recompute the block in backward "
           "(less activation memory, about one more forward of the blocks)");
@@ -218,6 +221,7 @@ int Run() {
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
   topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
   topts.fetch_once_per_step = absl::GetFlag(FLAGS_fetch_once_per_step);
+  topts.attention = absl::GetFlag(FLAGS_attention);
   topts.device = absl::GetFlag(FLAGS_device);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
   if (!trainer.ok()) {

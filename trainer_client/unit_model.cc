@@ -117,6 +117,10 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
 
 absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, const UnitModelOptions& options) {
   if (options.lanes < 1) return absl::InvalidArgumentError(absl::StrCat("a model needs >= 1 lanes, not ", options.lanes));
+  if (options.attention != "auto" && options.attention != "fused" && options.attention != "materialized") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown attention \"", options.attention, "\"; expected auto, fused or materialized"));
+  }
   const std::string& device = options.device;
   if (device == "cpu") return CreateCpu(spec, options);
   const absl::StatusOr<int> index = CudaDeviceIndex(device);

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/marshalling.h"
+
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,8 @@ ABSL_FLAG(int, warmup, 5, "untimed iterations first");
 ABSL_FLAG(int, iters, 20, "timed iterations");
 ABSL_FLAG(double, peak_tflops, 989.0, "the device's dense bf16 rate that MFU is taken against (H200 datasheet)");
 ABSL_FLAG(int, device, 0, "CUDA device");
+ABSL_FLAG(std::vector<std::string>, attention, std::vector<std::string>({"fused", "materialized"}),
+          "attention kernels to time (the first is also timed with recomputation and compared with PyTorch)");
 ABSL_FLAG(std::string, python, "python3", "python with torch for the baseline");
 ABSL_FLAG(std::string, torch_script, PSHARD_TORCH_SCRIPT, "the PyTorch eager baseline (empty: skip it)");
 
@@ -97,11 +101,17 @@ absl::Status Iteration(CudaGpt& model, const DeviceUnits& units, cudaStream_t st
   return absl::OkStatus();
 }
 
-absl::StatusOr<Timing> Measure(const ModelSpec& spec, const DeviceUnits& units, bool recompute) {
+absl::StatusOr<Timing> Measure(const ModelSpec& spec, const DeviceUnits& units, CudaAttention attention,
+                               bool recompute) {
   const int batch = absl::GetFlag(FLAGS_batch);
   const int seq_len = absl::GetFlag(FLAGS_seq_len);
-  ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> model,
-                   CudaGpt::Create(spec, batch, seq_len, absl::GetFlag(FLAGS_device), recompute));
+  CudaGptOptions options;
+  options.batch = batch;
+  options.seq_len = seq_len;
+  options.device = absl::GetFlag(FLAGS_device);
+  options.recompute_blocks = recompute;
+  options.attention = attention;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> model, CudaGpt::Create(spec, options));
   std::vector<int32_t> tokens(static_cast<size_t>(batch) * seq_len), targets(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     tokens[i] = static_cast<int32_t>(CounterHash(7, 1, i) % spec.config.vocab);
@@ -188,28 +198,60 @@ int Run() {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, absl::GetFlag(FLAGS_device));
-  absl::StatusOr<DeviceUnits> units = DeviceUnits::Create(*spec);
-  absl::StatusOr<Timing> kept = units.ok() ? Measure(*spec, *units, false) : units.status();
-  absl::StatusOr<Timing> recomputed = kept.ok() ? Measure(*spec, *units, true) : kept.status();
-  if (!recomputed.ok()) {
-    std::fprintf(stderr, "gpu_compute_bench: %s\n", recomputed.status().ToString().c_str());
-    return 1;
+  std::vector<CudaAttention> kinds;
+  for (const std::string& name : absl::GetFlag(FLAGS_attention)) {
+    absl::StatusOr<CudaAttention> kind = ParseCudaAttention(name);
+    if (!kind.ok()) {
+      std::fprintf(stderr, "gpu_compute_bench: --attention: %s\n", kind.status().ToString().c_str());
+      return 2;
+    }
+    kinds.push_back(*kind);
+  }
+  if (kinds.empty()) {
+    std::fprintf(stderr, "gpu_compute_bench: --attention names no kernel\n");
+    return 2;
   }
   const int batch = absl::GetFlag(FLAGS_batch);
   const int seq_len = absl::GetFlag(FLAGS_seq_len);
   const double tokens = static_cast<double>(batch) * seq_len;
   const double flops = GptModelFlops(cfg, batch, seq_len);
   const double peak = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
-  const auto report = [&](const char* what, const Timing& t) {
-    std::printf("%-22s: %8.2f ms/iter (best %.2f) | %10.0f tok/s | %6.1f TFLOP/s | MFU %5.1f%% | activations %.0f MiB "
-                "| loss %.4f\n",
-                what, t.mean_ms, t.best_ms, tokens / (t.mean_ms / 1e3), flops / (t.mean_ms / 1e3) / 1e12,
+  const auto report = [&](const std::string& what, const Timing& t) {
+    std::printf("%-34s: %8.2f ms/iter (best %.2f) | %10.0f tok/s | %6.1f TFLOP/s | MFU %5.1f%% | activations "
+                "%.0f MiB | loss %.4f\n",
+                what.c_str(), t.mean_ms, t.best_ms, tokens / (t.mean_ms / 1e3), flops / (t.mean_ms / 1e3) / 1e12,
                 100.0 * flops / (t.mean_ms / 1e3) / peak, t.activation_bytes / 1048576.0, t.loss);
   };
   std::printf("CUDA GPT %d x %d, %d heads, vocab %d; batch %d x %d on %s; %.3f TFLOP per iteration (model FLOPs)\n",
               cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.vocab, batch, seq_len, prop.name, flops / 1e12);
-  report("pshard", *kept);
-  report("pshard, recomputed", *recomputed);
+  absl::StatusOr<DeviceUnits> units = DeviceUnits::Create(*spec);
+  if (!units.ok()) {
+    std::fprintf(stderr, "gpu_compute_bench: %s\n", units.status().ToString().c_str());
+    return 1;
+  }
+  // The first kernel that runs is the one compared with PyTorch and timed
+  // with recomputation; one that fails is reported and skipped.
+  absl::StatusOr<Timing> kept = absl::NotFoundError("no attention kernel ran");
+  absl::StatusOr<Timing> recomputed = kept;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const std::string name = absl::GetFlag(FLAGS_attention)[i];
+    absl::StatusOr<Timing> t = Measure(*spec, *units, kinds[i], false);
+    if (!t.ok()) {
+      std::fprintf(stderr, "gpu_compute_bench: %s attention: %s\n", name.c_str(), t.status().ToString().c_str());
+      continue;
+    }
+    report(absl::StrCat("pshard, ", name, " attention"), *t);
+    if (!kept.ok()) {
+      kept = t;
+      recomputed = Measure(*spec, *units, kinds[i], true);
+      if (!recomputed.ok()) {
+        std::fprintf(stderr, "gpu_compute_bench: %s\n", recomputed.status().ToString().c_str());
+        return 1;
+      }
+      report(absl::StrCat("pshard, ", name, ", recomputed"), *recomputed);
+    }
+  }
+  if (!kept.ok()) return 1;
   std::printf("recompute: %.0f MiB of activations saved (%.1f%%), %.1f%% more time\n",
               (kept->activation_bytes - recomputed->activation_bytes) / 1048576.0,
               100.0 * (kept->activation_bytes - recomputed->activation_bytes) / kept->activation_bytes,
@@ -223,7 +265,7 @@ int Run() {
       return 1;
     }
     torch_tokens_per_s = Number(*torch, "tokens_per_s");
-    std::printf("%-22s: %8.2f ms/iter (best %.2f) | %10.0f tok/s | %6.1f TFLOP/s | MFU %5.1f%% | peak memory %.0f "
+    std::printf("%-34s: %8.2f ms/iter (best %.2f) | %10.0f tok/s | %6.1f TFLOP/s | MFU %5.1f%% | peak memory %.0f "
                 "MiB\n",
                 "PyTorch eager", Number(*torch, "ms_per_iter"), Number(*torch, "best_ms"), torch_tokens_per_s,
                 Number(*torch, "tflops"), 100.0 * Number(*torch, "mfu"), Number(*torch, "max_memory_bytes") / 1048576.0);

@@ -134,6 +134,9 @@ struct UnitModelOptions {
   int seq_len = 64;
   /// Micro-batches held at once: activations for each, one pass of weights.
   int lanes = 1;
+  /// The CUDA model's attention: "auto", "fused" or "materialized" (see
+  /// CudaAttention); the CPU model has one kind and ignores it.
+  std::string attention = "auto";
   /// Keep only each block's input between forward and backward and
   /// recompute the rest in backward.
   bool recompute_blocks = false;

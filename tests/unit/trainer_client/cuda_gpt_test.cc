@@ -47,6 +47,30 @@ ModelSpec SmallSpec() {
   return *spec;
 }
 
+// Head size 64, the fused attention's, and sequences of 80 tokens: one full
+// 64-token tile and a partial one.
+constexpr int kAttentionSeqLen = 80;
+
+ModelSpec AttentionSpec() {
+  GptConfig cfg = SmallConfig();
+  cfg.d_model = 128;
+  cfg.num_heads = 2;
+  cfg.context = kAttentionSeqLen;
+  absl::StatusOr<ModelSpec> spec = MakeGptSpec(cfg);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+CudaGptOptions Options(int seq_len = kSeqLen, CudaAttention attention = CudaAttention::kAuto,
+                       bool recompute_blocks = false) {
+  CudaGptOptions options;
+  options.batch = kBatch;
+  options.seq_len = seq_len;
+  options.recompute_blocks = recompute_blocks;
+  options.attention = attention;
+  return options;
+}
+
 // Device memory for `count` elements of T, freed on scope exit.
 template <typename T>
 class DeviceArray {
@@ -151,12 +175,11 @@ void RunGpu(CudaGpt& model, const ModelSpec& spec, const std::vector<DeviceArray
   }
 }
 
-std::unique_ptr<CudaGpt> MakeGpuModel(const ModelSpec& spec, bool recompute_blocks = false) {
-  absl::StatusOr<std::unique_ptr<CudaGpt>> model =
-      CudaGpt::Create(spec, kBatch, kSeqLen, /*device=*/0, recompute_blocks);
+std::unique_ptr<CudaGpt> MakeGpuModel(const ModelSpec& spec, const CudaGptOptions& options = Options()) {
+  absl::StatusOr<std::unique_ptr<CudaGpt>> model = CudaGpt::Create(spec, options);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
-  const int n = kBatch * kSeqLen;
+  const int n = options.batch * options.seq_len;
   const absl::Status status = (*model)->SetBatch(RandomTokens(n, spec.config.vocab, 1),
                                                  RandomTokens(n, spec.config.vocab, 2));
   EXPECT_TRUE(status.ok()) << status;
@@ -172,14 +195,14 @@ double L2(const float* a, const float* b, int64_t n) {
   return std::sqrt(sum);
 }
 
-TEST(CudaGptTest, LossAndGradientsMatchCpuModel) {
-  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
-  const ModelSpec spec = SmallSpec();
+// The GPU model's loss and every gradient tensor against the CPU fp32 model
+// on the same bf16-rounded weights and batch.
+void ExpectMatchesCpuModel(const ModelSpec& spec, const CudaGptOptions& options, GpuResult* gpu_result = nullptr) {
   const std::vector<std::vector<float>> weights = Bf16Weights(spec);
 
-  absl::StatusOr<CpuGpt<float>> cpu = CpuGpt<float>::Create(spec, kBatch, kSeqLen);
+  absl::StatusOr<CpuGpt<float>> cpu = CpuGpt<float>::Create(spec, options.batch, options.seq_len);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  const int n = kBatch * kSeqLen;
+  const int n = options.batch * options.seq_len;
   ASSERT_TRUE(
       cpu->SetBatch(RandomTokens(n, spec.config.vocab, 1), RandomTokens(n, spec.config.vocab, 2))
           .ok());
@@ -187,7 +210,7 @@ TEST(CudaGptTest, LossAndGradientsMatchCpuModel) {
   absl::StatusOr<float> cpu_loss = LossAndGradients(*cpu, weights, &cpu_grads);
   ASSERT_TRUE(cpu_loss.ok()) << cpu_loss.status();
 
-  std::unique_ptr<CudaGpt> gpu = MakeGpuModel(spec);
+  std::unique_ptr<CudaGpt> gpu = MakeGpuModel(spec, options);
   ASSERT_NE(gpu, nullptr);
   const std::vector<DeviceArray<bf16>> device_weights = UploadWeights(weights);
   GpuResult result;
@@ -219,6 +242,42 @@ TEST(CudaGptTest, LossAndGradientsMatchCpuModel) {
       EXPECT_LT(error, kGradTolerance) << t.name << " (|grad| " << norm << ")";
     }
   }
+  if (gpu_result != nullptr) *gpu_result = std::move(result);
+}
+
+TEST(CudaGptTest, LossAndGradientsMatchCpuModel) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  ExpectMatchesCpuModel(SmallSpec(), Options());
+}
+
+// Head size 64 and a partial last tile: the fused attention (no T×T
+// matrices, online softmax, probabilities recomputed in backward) and the
+// materialized one both match the CPU model, and the fused one reruns
+// bit-identically.
+TEST(CudaGptTest, FusedAndMaterializedAttentionMatchCpuModel) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  const ModelSpec spec = AttentionSpec();
+  GpuResult fused, materialized;
+  std::printf("fused attention:\n");
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectMatchesCpuModel(spec, Options(kAttentionSeqLen, CudaAttention::kFused), &fused));
+  std::printf("materialized attention:\n");
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectMatchesCpuModel(spec, Options(kAttentionSeqLen, CudaAttention::kMaterialized), &materialized));
+  std::unique_ptr<CudaGpt> again = MakeGpuModel(spec, Options(kAttentionSeqLen, CudaAttention::kFused));
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(again->fused_attention());
+  GpuResult rerun;
+  ASSERT_NO_FATAL_FAILURE(RunGpu(*again, spec, UploadWeights(Bf16Weights(spec)), {nullptr}, &rerun));
+  EXPECT_EQ(std::memcmp(&rerun.loss, &fused.loss, sizeof(float)), 0);
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    EXPECT_EQ(std::memcmp(rerun.grads[u].data(), fused.grads[u].data(), fused.grads[u].size() * sizeof(float)), 0)
+        << "unit " << u;
+  }
+  // No [B,H,T,T] probabilities kept, no T×T scratch.
+  std::unique_ptr<CudaGpt> kept = MakeGpuModel(spec, Options(kAttentionSeqLen, CudaAttention::kMaterialized));
+  ASSERT_NE(kept, nullptr);
+  EXPECT_LT(again->ActivationBytes(), kept->ActivationBytes());
 }
 
 TEST(CudaGptTest, RunsAreBitIdenticalOnOneOrSeveralStreams) {
@@ -269,24 +328,29 @@ TEST(CudaGptTest, RunsAreBitIdenticalOnOneOrSeveralStreams) {
 // kernels on the same inputs: bit-identical results for less memory.
 TEST(CudaGptTest, RecomputedBlocksGiveBitIdenticalResultsInLessMemory) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
-  const ModelSpec spec = SmallSpec();
-  const std::vector<DeviceArray<bf16>> weights = UploadWeights(Bf16Weights(spec));
-  std::unique_ptr<CudaGpt> kept = MakeGpuModel(spec);
-  std::unique_ptr<CudaGpt> recomputed = MakeGpuModel(spec, /*recompute_blocks=*/true);
-  ASSERT_NE(kept, nullptr);
-  ASSERT_NE(recomputed, nullptr);
-  GpuResult want, got;
-  ASSERT_NO_FATAL_FAILURE(RunGpu(*kept, spec, weights, {nullptr}, &want));
-  ASSERT_NO_FATAL_FAILURE(RunGpu(*recomputed, spec, weights, {nullptr}, &got));
-  EXPECT_EQ(std::memcmp(&got.loss, &want.loss, sizeof(float)), 0);
-  for (size_t u = 0; u < spec.units.size(); ++u) {
-    EXPECT_EQ(std::memcmp(got.grads[u].data(), want.grads[u].data(), want.grads[u].size() * sizeof(float)), 0)
-        << "unit " << u << " gradients differ";
+  for (const bool fused : {false, true}) {
+    const ModelSpec spec = fused ? AttentionSpec() : SmallSpec();
+    const int seq_len = fused ? kAttentionSeqLen : kSeqLen;
+    const CudaAttention attention = fused ? CudaAttention::kFused : CudaAttention::kMaterialized;
+    const std::vector<DeviceArray<bf16>> weights = UploadWeights(Bf16Weights(spec));
+    std::unique_ptr<CudaGpt> kept = MakeGpuModel(spec, Options(seq_len, attention));
+    std::unique_ptr<CudaGpt> recomputed = MakeGpuModel(spec, Options(seq_len, attention, /*recompute_blocks=*/true));
+    ASSERT_NE(kept, nullptr);
+    ASSERT_NE(recomputed, nullptr);
+    GpuResult want, got;
+    ASSERT_NO_FATAL_FAILURE(RunGpu(*kept, spec, weights, {nullptr}, &want));
+    ASSERT_NO_FATAL_FAILURE(RunGpu(*recomputed, spec, weights, {nullptr}, &got));
+    EXPECT_EQ(std::memcmp(&got.loss, &want.loss, sizeof(float)), 0) << (fused ? "fused" : "materialized");
+    for (size_t u = 0; u < spec.units.size(); ++u) {
+      EXPECT_EQ(std::memcmp(got.grads[u].data(), want.grads[u].data(), want.grads[u].size() * sizeof(float)), 0)
+          << (fused ? "fused" : "materialized") << ": unit " << u << " gradients differ";
+    }
+    // One block's internals instead of two.
+    std::printf("%s attention, activation bytes: kept %lld, recomputed %lld\n", fused ? "fused" : "materialized",
+                static_cast<long long>(kept->ActivationBytes()),
+                static_cast<long long>(recomputed->ActivationBytes()));
+    EXPECT_LT(recomputed->ActivationBytes(), kept->ActivationBytes());
   }
-  // One block's internals instead of two.
-  std::printf("activation bytes: kept %lld, recomputed %lld\n", static_cast<long long>(kept->ActivationBytes()),
-              static_cast<long long>(recomputed->ActivationBytes()));
-  EXPECT_LT(recomputed->ActivationBytes(), kept->ActivationBytes());
 }
 
 TEST(CudaGptTest, Bf16ConversionMatchesHost) {
@@ -335,11 +399,17 @@ TEST(CudaGptTest, Bf16ConversionMatchesHost) {
 TEST(CudaGptTest, ReportsMisuse) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   const ModelSpec spec = SmallSpec();
-  EXPECT_EQ(CudaGpt::Create(spec, kBatch, spec.config.context + 1).status().code(),
+  EXPECT_EQ(CudaGpt::Create(spec, Options(spec.config.context + 1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CudaGpt::Create(spec, 0, kSeqLen).status().code(), absl::StatusCode::kInvalidArgument);
+  CudaGptOptions no_batch = Options();
+  no_batch.batch = 0;
+  EXPECT_EQ(CudaGpt::Create(spec, no_batch).status().code(), absl::StatusCode::kInvalidArgument);
+  // Head size 16: the fused attention does not apply.
+  EXPECT_EQ(CudaGpt::Create(spec, Options(kSeqLen, CudaAttention::kFused)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseCudaAttention("flash").status().code(), absl::StatusCode::kInvalidArgument);
 
-  absl::StatusOr<std::unique_ptr<CudaGpt>> model = CudaGpt::Create(spec, kBatch, kSeqLen);
+  absl::StatusOr<std::unique_ptr<CudaGpt>> model = CudaGpt::Create(spec, Options());
   ASSERT_TRUE(model.ok()) << model.status();
   CudaGpt& gpt = **model;
   const std::vector<DeviceArray<bf16>> weights = UploadWeights(Bf16Weights(spec));
@@ -375,7 +445,7 @@ TEST(CudaGptTest, CountsFlopsAndBytesLikeTheCpuModel) {
   const ModelSpec spec = SmallSpec();
   absl::StatusOr<CpuGpt<float>> cpu = CpuGpt<float>::Create(spec, kBatch, kSeqLen);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  absl::StatusOr<std::unique_ptr<CudaGpt>> gpu = CudaGpt::Create(spec, kBatch, kSeqLen);
+  absl::StatusOr<std::unique_ptr<CudaGpt>> gpu = CudaGpt::Create(spec, Options());
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_EQ((*gpu)->FlopsPerMicroBatch(), cpu->FlopsPerMicroBatch());
   // bf16 activations plus fp32 attention scores and the cuBLAS workspace.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "trainer_client/model/gpt_layout.h"
+#include "trainer_client/model/cuda/attention.h"
 #include "trainer_client/model/cuda/cuda_check.h"
 #include "trainer_client/model/cuda/kernels.h"
 
@@ -79,10 +80,21 @@ class CudaGpt::Carver {
 
 // ---------------------------------------------------------------- lifetime
 
-absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, int batch,
-                                                         int seq_len, int device,
-                                                         bool recompute_blocks,
+absl::StatusOr<CudaAttention> ParseCudaAttention(const std::string& name) {
+  if (name == "auto") return CudaAttention::kAuto;
+  if (name == "fused") return CudaAttention::kFused;
+  if (name == "materialized") return CudaAttention::kMaterialized;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown attention \"", name, "\"; expected auto, fused or materialized"));
+}
+
+absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec,
+                                                         const CudaGptOptions& options,
                                                          const CudaGpt* share_workspace) {
+  const int batch = options.batch;
+  const int seq_len = options.seq_len;
+  const int device = options.device;
+  const bool recompute_blocks = options.recompute_blocks;
   const GptConfig& cfg = spec.config;
   RETURN_IF_ERROR(cfg.Validate());
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
@@ -95,9 +107,18 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, 
                                                    cfg.num_layers + 2, " units, the spec has ",
                                                    spec.units.size()));
   }
+  const bool head_size_fits = cfg.d_model / cfg.num_heads == internal::kFusedHeadSize;
+  if (options.attention == CudaAttention::kFused && !head_size_fits) {
+    return absl::InvalidArgumentError(absl::StrCat("fused attention needs a head size of ",
+                                                   internal::kFusedHeadSize, ", not ",
+                                                   cfg.d_model / cfg.num_heads));
+  }
+  const bool fused = options.attention == CudaAttention::kFused ||
+                     (options.attention == CudaAttention::kAuto && head_size_fits);
   if (share_workspace != nullptr &&
       (share_workspace->batch_ != batch || share_workspace->seq_len_ != seq_len ||
        share_workspace->device_ != device || share_workspace->recompute_blocks_ != recompute_blocks ||
+       share_workspace->fused_attention_ != fused ||
        share_workspace->spec_.config.num_layers != cfg.num_layers ||
        share_workspace->spec_.config.d_model != cfg.d_model ||
        share_workspace->spec_.config.num_heads != cfg.num_heads ||
@@ -111,6 +132,7 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec, 
   model->seq_len_ = seq_len;
   model->device_ = device;
   model->recompute_blocks_ = recompute_blocks;
+  model->fused_attention_ = fused;
   RETURN_IF_ERROR(model->CheckLayout());
 
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -198,8 +220,12 @@ void CudaGpt::CarveWorkspace(Carver& carver) {
     CarveBlock(carver, blocks_[0]);
     blocks_.resize(cfg.num_layers, blocks_[0]);
   }
-  scores_ = carver.Take<float>(att_size);
-  dscores_ = carver.Take<bf16>(att_size);
+  if (fused_attention_) {
+    delta_ = carver.Take<float>(int64_t{batch_} * cfg.num_heads * seq_len_);
+  } else {
+    scores_ = carver.Take<float>(att_size);
+    dscores_ = carver.Take<bf16>(att_size);
+  }
   dln_ = carver.Take<bf16>(n * c);
   datty_ = carver.Take<bf16>(n * c);
   dqkv_ = carver.Take<bf16>(n * 3 * c);
@@ -216,7 +242,12 @@ void CudaGpt::CarveBlock(Carver& carver, BlockActivations& a) {
   a.ln1_mean = carver.Take<float>(n);
   a.ln1_rstd = carver.Take<float>(n);
   a.qkv = carver.Take<bf16>(n * 3 * c);
-  a.att = carver.Take<bf16>(int64_t{batch_} * spec_.config.num_heads * seq_len_ * seq_len_);
+  const int64_t heads_rows = int64_t{batch_} * spec_.config.num_heads * seq_len_;
+  if (fused_attention_) {
+    a.lse = carver.Take<float>(heads_rows);
+  } else {
+    a.att = carver.Take<bf16>(heads_rows * seq_len_);
+  }
   a.atty = carver.Take<bf16>(n * c);
   a.residual2 = carver.Take<bf16>(n * c);
   a.ln2 = carver.Take<bf16>(n * c);
@@ -383,7 +414,7 @@ absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream
   CUDA_RETURN_IF_ERROR(internal::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, in, w + p.ln1_w,
                                                   w + p.ln1_b, n, c, stream));
   RETURN_IF_ERROR(LinearForward(a.qkv, a.ln1, w + p.qkv_w, w + p.qkv_b, c, 3 * c, stream));
-  RETURN_IF_ERROR(AttentionForward(a.atty, a.att, a.qkv, stream));
+  RETURN_IF_ERROR(AttentionForward(a, stream));
   RETURN_IF_ERROR(
       LinearForward(a.residual2, a.atty, w + p.attn_proj_w, w + p.attn_proj_b, c, c, stream));
   CUDA_RETURN_IF_ERROR(
@@ -451,7 +482,7 @@ absl::Status CudaGpt::BlockBackward(int layer, const bf16* w, float* dw, cudaStr
   // Attention branch; afterwards dresidual_ holds the gradient wrt the input.
   RETURN_IF_ERROR(LinearBackward(datty_, dw + p.attn_proj_w, dw + p.attn_proj_b, dresidual_, a.atty,
                                  w + p.attn_proj_w, c, c, stream));
-  RETURN_IF_ERROR(AttentionBackward(dqkv_, datty_, a.qkv, a.att, stream));
+  RETURN_IF_ERROR(AttentionBackward(dqkv_, datty_, a, stream));
   RETURN_IF_ERROR(LinearBackward(dln_, dw + p.qkv_w, dw + p.qkv_b, dqkv_, a.ln1, w + p.qkv_w, c,
                                  3 * c, stream));
   CUDA_RETURN_IF_ERROR(internal::LayerNormBackward(dresidual_, dw + p.ln1_w, dw + p.ln1_b, dln_,
@@ -505,7 +536,27 @@ absl::Status CudaGpt::LinearBackward(bf16* dinp, float* dweight, float* dbias, c
 // sequence b, one strided-batched product over the H heads: a head's q, k
 // and v are hs-wide column slices of qkv with row stride 3C, and the next
 // head starts hs elements further.
-absl::Status CudaGpt::AttentionForward(bf16* out, bf16* att, const bf16* qkv, cudaStream_t stream) {
+absl::Status CudaGpt::AttentionForward(const BlockActivations& a, cudaStream_t stream) {
+  if (!fused_attention_) return MaterializedAttentionForward(a.atty, a.att, a.qkv, stream);
+  const int h = spec_.config.num_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(spec_.config.d_model / h));
+  CUDA_RETURN_IF_ERROR(
+      internal::FusedAttentionForward(a.atty, a.lse, a.qkv, batch_, seq_len_, h, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaGpt::AttentionBackward(bf16* dqkv, const bf16* dout, const BlockActivations& a,
+                                        cudaStream_t stream) {
+  if (!fused_attention_) return MaterializedAttentionBackward(dqkv, dout, a.qkv, a.att, stream);
+  const int h = spec_.config.num_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(spec_.config.d_model / h));
+  CUDA_RETURN_IF_ERROR(internal::FusedAttentionBackward(dqkv, delta_, dout, a.atty, a.qkv, a.lse, batch_,
+                                                        seq_len_, h, scale, stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaGpt::MaterializedAttentionForward(bf16* out, bf16* att, const bf16* qkv,
+                                                   cudaStream_t stream) {
   const int t = seq_len_;
   const int c = spec_.config.d_model;
   const int h = spec_.config.num_heads;
@@ -530,8 +581,8 @@ absl::Status CudaGpt::AttentionForward(bf16* out, bf16* att, const bf16* qkv, cu
 }
 
 // dqkv [B,T,3C] (overwritten) from dout [B,T,C], the saved qkv and att.
-absl::Status CudaGpt::AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv,
-                                        const bf16* att, cudaStream_t stream) {
+absl::Status CudaGpt::MaterializedAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                                    const bf16* att, cudaStream_t stream) {
   const int t = seq_len_;
   const int c = spec_.config.d_model;
   const int h = spec_.config.num_heads;

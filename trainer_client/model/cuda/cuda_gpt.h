@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,6 +26,27 @@
 struct cublasContext;  // cublasHandle_t, without including cuBLAS here
 
 namespace pshard {
+
+enum class CudaAttention {
+  kAuto,          ///< kFused where it applies (head size 64), else kMaterialized
+  kFused,         ///< tiled, no T×T matrices (attention.h); head size 64 only
+  kMaterialized,  ///< cuBLAS products around a softmax kernel, T×T probabilities kept
+};
+
+/// "auto", "fused" or "materialized"; InvalidArgument for anything else.
+absl::StatusOr<CudaAttention> ParseCudaAttention(const std::string& name);
+
+struct CudaGptOptions {
+  int batch = 1;    ///< sequences per micro-batch
+  int seq_len = 1;  ///< tokens per sequence (<= context)
+  int device = 0;
+  /// Keep only each block's input between forward and backward; a block's
+  /// backward first reruns its forward (bit-identically) into activations
+  /// all blocks share, so activation memory no longer grows with the layers
+  /// but for one [N,C] per layer.
+  bool recompute_blocks = false;
+  CudaAttention attention = CudaAttention::kAuto;
+};
 
 /// Forward and backward of a GPT on micro-batches of fixed shape on one CUDA
 /// device. The model owns activations, gradient scratch and a cuBLAS handle,
@@ -45,25 +67,24 @@ namespace pshard {
 /// the calling thread.
 class CudaGpt {
  public:
-  /// Allocates everything on `device` for micro-batches of `batch` sequences
-  /// of `seq_len` (<= context) tokens. InvalidArgument on bad sizes or a
-  /// spec that does not follow MakeGptSpec's layout; FailedPrecondition when
-  /// the device is not usable; ResourceExhausted when it is too small.
-  /// With `recompute_blocks`, only each block's input is kept between
-  /// forward and backward; a block's backward first reruns its forward
-  /// (bit-identically) into activations all blocks share, so activation
-  /// memory no longer grows with the layers but for one [N,C] per layer.
+  /// Allocates everything on the options' device for micro-batches of
+  /// `batch` sequences of `seq_len` (<= context) tokens. InvalidArgument on
+  /// bad sizes, a spec that does not follow MakeGptSpec's layout, or fused
+  /// attention asked for a head size it does not support;
+  /// FailedPrecondition when the device is not usable; ResourceExhausted
+  /// when it is too small.
   ///
-  /// With `share_workspace` (a model of the same shape, device and
-  /// recomputation, which must outlive this one), the two share their
-  /// scratch (and the recomputed block's activations) and keep only their
-  /// own batch and saved activations: several micro-batches resident at
-  /// once for little more than their activations. Models sharing a
-  /// workspace must not run at the same time: call them on one stream.
-  static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec, int batch,
-                                                         int seq_len, int device = 0,
-                                                         bool recompute_blocks = false,
+  /// With `share_workspace` (a model made with the same options, which must
+  /// outlive this one), the two share their scratch (and the recomputed
+  /// block's activations) and keep only their own batch and saved
+  /// activations: several micro-batches resident at once for little more
+  /// than their activations. Models sharing a workspace must not run at the
+  /// same time: call them on one stream.
+  static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec,
+                                                         const CudaGptOptions& options,
                                                          const CudaGpt* share_workspace = nullptr);
+  /// Whether this model's attention is the fused kernel.
+  bool fused_attention() const { return fused_attention_; }
   ~CudaGpt();
   CudaGpt(const CudaGpt&) = delete;
   CudaGpt& operator=(const CudaGpt&) = delete;
@@ -117,7 +138,8 @@ class CudaGpt {
     bf16* ln1;                   // [N,C]
     float *ln1_mean, *ln1_rstd;  // [N]
     bf16* qkv;                   // [N,3C]
-    bf16* att;                   // [B,H,T,T] softmax probabilities
+    bf16* att = nullptr;         // [B,H,T,T] softmax probabilities (materialized attention)
+    float* lse = nullptr;        // [B,H,T] log-sum-exp of each query's scores (fused attention)
     bf16* atty;                  // [N,C] attention output, heads concatenated
     bf16* residual2;             // [N,C] block input + attention branch
     bf16* ln2;                   // [N,C]
@@ -159,9 +181,14 @@ class CudaGpt {
   absl::Status LinearBackward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
                               const bf16* inp, const bf16* weight, int in_features,
                               int out_features, cudaStream_t stream);
-  absl::Status AttentionForward(bf16* out, bf16* att, const bf16* qkv, cudaStream_t stream);
-  absl::Status AttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* att,
+  // Attention of block activations `a`: a.qkv -> a.atty (saving a.att or
+  // a.lse), and back from dout to dqkv.
+  absl::Status AttentionForward(const BlockActivations& a, cudaStream_t stream);
+  absl::Status AttentionBackward(bf16* dqkv, const bf16* dout, const BlockActivations& a,
                                  cudaStream_t stream);
+  absl::Status MaterializedAttentionForward(bf16* out, bf16* att, const bf16* qkv, cudaStream_t stream);
+  absl::Status MaterializedAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv,
+                                             const bf16* att, cudaStream_t stream);
 
   int rows() const { return batch_ * seq_len_; }
 
@@ -170,6 +197,7 @@ class CudaGpt {
   int seq_len_ = 0;
   int device_ = 0;
   bool recompute_blocks_ = false;
+  bool fused_attention_ = false;
   EmbedLayout embed_{};
   std::vector<BlockLayout> block_layouts_;
   HeadLayout head_{};
@@ -207,8 +235,9 @@ class CudaGpt {
   bf16* dresidual_ = nullptr;  // [N,C] gradient wrt the current unit's output
 
   // Workspace, reused by every layer.
-  float* scores_ = nullptr;    // [B,H,T,T] attention scores (forward), d att (backward)
-  bf16* dscores_ = nullptr;    // [B,H,T,T]
+  float* scores_ = nullptr;    // [B,H,T,T] attention scores (forward), d att (backward); materialized
+  bf16* dscores_ = nullptr;    // [B,H,T,T]; materialized
+  float* delta_ = nullptr;     // [B,H,T] rowsum(d atty * atty); fused
   bf16* dln_ = nullptr;        // [N,C]
   bf16* datty_ = nullptr;      // [N,C]
   bf16* dqkv_ = nullptr;       // [N,3C]

@@ -45,16 +45,22 @@ absl::StatusOr<std::unique_ptr<UnitModel>> CudaUnitModel::Create(const ModelSpec
 
 absl::Status CudaUnitModel::Init(const ModelSpec& spec, const UnitModelOptions& options) {
   spec_ = spec;
+  CudaGptOptions gpt;
+  gpt.batch = options.batch;
+  gpt.seq_len = options.seq_len;
+  gpt.device = device_;
+  gpt.recompute_blocks = options.recompute_blocks;
+  ASSIGN_OR_RETURN(gpt.attention, ParseCudaAttention(options.attention));
   for (int m = 0; m < options.lanes; ++m) {
     ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> lane,
-                     CudaGpt::Create(spec, options.batch, options.seq_len, device_, options.recompute_blocks,
-                                     m == 0 ? nullptr : lanes_[0].get()));
+                     CudaGpt::Create(spec, gpt, m == 0 ? nullptr : lanes_[0].get()));
     lanes_.push_back(std::move(lane));
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   cudaDeviceProp prop{};
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
-  name_ = absl::StrCat("cuda:", device_, " ", prop.name);
+  name_ = absl::StrCat("cuda:", device_, " ", prop.name,
+                       lanes_[0]->fused_attention() ? " (fused attention)" : " (materialized attention)");
   for (const UnitSpec& unit : spec.units) max_numel_ = std::max(max_numel_, unit.numel);
   const size_t n = static_cast<size_t>(max_numel_);
   for (cudaStream_t* stream : {&upload_, &compute_, &download_}) {

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "trainer_client/model/cuda/device_math.cuh"
+
 namespace pshard::internal {
 namespace {
 
-constexpr int kWarpSize = 32;
 constexpr int kThreads = 256;                        // element-wise and per-row kernels
 constexpr int kRowsPerBlock = kThreads / kWarpSize;  // warp-per-row kernels
 constexpr int kColumnTile = 32;                      // columns per column-sum block
@@ -17,38 +18,6 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
 // ---------------------------------------------------------------- helpers
-
-__device__ __forceinline__ float ToFloat(bf16 x) { return __bfloat162float(x); }
-
-// Rounds to bf16 with exactly the bit operations of common/bf16.h's
-// FloatToBf16 (ties to even; NaN keeps its sign and gets the quiet bit).
-__device__ __forceinline__ bf16 ToBf16(float x) {
-  const uint32_t bits = __float_as_uint(x);
-  uint32_t rounded;
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    rounded = (bits >> 16) | 0x0040u;
-  } else {
-    rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  }
-  return __ushort_as_bfloat16(static_cast<unsigned short>(rounded));
-}
-
-// Butterfly reductions over a full warp. Every lane ends with the same bits:
-// at each step the two partners add the same two values, and fp32 addition
-// is commutative.
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  }
-  return v;
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  return v;
-}
 
 // Sum or max over a whole block (blockDim.x a multiple of 32, at most 1024);
 // every thread gets the result. Each warp reduces its values, then every warp
