@@ -77,6 +77,13 @@ int RunLocal() {
                  absl::GetFlag(FLAGS_servers).c_str());
     return 2;
   }
+  if (absl::GetFlag(FLAGS_fetch_once_per_step) && absl::GetFlag(FLAGS_micro_batches) > 1 &&
+      !absl::GetFlag(FLAGS_accumulate_on_trainer)) {
+    std::fprintf(stderr,
+                 "pshard local: --fetch_once_per_step pushes each unit's gradient once per step, summed over the "
+                 "micro-batches: add --accumulate_on_trainer\n");
+    return 2;
+  }
   spec.num_trainers = absl::GetFlag(FLAGS_trainers);
   spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   spec.run_dir = absl::GetFlag(FLAGS_run_dir);

@@ -256,7 +256,8 @@ int Run() {
                     ? absl::StrCat("; ", mib(memory.device), " of device memory = activations + ",
                                    mib(memory.weights), " of bf16 weights (", topts.prefetch_depth + 1,
                                    " units: prefetch depth + 1) + ", mib(memory.gradients),
-                                   " of fp32 gradients (2 units: one computing, one copying out)")
+                                   " of fp32 gradients (2 units: one computing, one copying out",
+                                   model.lanes() > 1 ? ", each with room for the micro-batches' partial sums)" : ")")
                           .c_str()
                     : "");
     std::fflush(stdout);

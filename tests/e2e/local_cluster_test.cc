@@ -58,6 +58,56 @@ TEST(LocalClusterE2E, CtrlCStopsEveryProcess) {
   EXPECT_EQ(CountProcessesMentioning(run_dir), 0) << "processes left behind";
 }
 
+// The "MiB on the wire" per step of trainer 0's summary.
+double WireMibPerStep(const std::string& out) {
+  const std::string marker = " MiB on the wire";
+  const size_t end = out.find(marker);
+  if (end == std::string::npos) return -1;
+  const size_t begin = out.rfind("| ", end);
+  return std::stod(out.substr(begin + 2, end - begin - 2));
+}
+
+// Accumulating on the trainer, per micro-batch passes against one pass per
+// step: the same training, bit for bit (the same printed losses), for a
+// quarter of the fetches.
+TEST(LocalClusterE2E, FetchOncePerStepTrainsTheSameForLessTraffic) {
+  std::string out[2];
+  for (int once = 0; once < 2; ++once) {
+    const std::string run_dir = MakeRunDir();
+    std::vector<std::string> flags = {"--servers=2", "--trainers=2", "--steps=12", "--layers=2", "--d_model=64",
+                                      "--heads=2", "--context=32", "--seq_len=32", "--log_every=4",
+                                      "--micro_batches=4", "--accumulate_on_trainer", "--encoding=fp32"};
+    if (once) flags.push_back("--fetch_once_per_step");
+    auto launcher = StartLocal(run_dir, flags);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(5));
+    out[once] = ReadFile(run_dir + "/launcher.log");
+    ASSERT_TRUE(code.has_value()) << out[once];
+    ASSERT_EQ(*code, 0) << out[once];
+  }
+  EXPECT_NE(out[1].find("(4 micro-batches held at once)"), std::string::npos) << out[1];
+  const std::vector<double> per_micro = Losses(out[0]);
+  ASSERT_EQ(per_micro.size(), 3u) << out[0];
+  EXPECT_EQ(Losses(out[1]), per_micro) << out[1];
+  // Per micro-batch passes fetch 4 times and push once; one pass fetches once.
+  const double wire_per_micro = WireMibPerStep(out[0]);
+  const double wire_once = WireMibPerStep(out[1]);
+  EXPECT_GT(wire_once, 0) << out[1];
+  EXPECT_LT(wire_once, 0.5 * wire_per_micro) << out[0] << out[1];
+}
+
+TEST(LocalClusterE2E, FetchOncePerStepNeedsAccumulationOnTheTrainer) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--micro_batches=2", "--fetch_once_per_step"});
+  ASSERT_TRUE(launcher.ok());
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("add --accumulate_on_trainer"), std::string::npos)
+      << ReadFile(run_dir + "/launcher.log");
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+}
+
 TEST(LocalClusterE2E, BadFlagsGiveAClearError) {
   const std::string run_dir = MakeRunDir();
   auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--d_model=30", "--heads=4"});
