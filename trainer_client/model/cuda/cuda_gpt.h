@@ -4,8 +4,13 @@
 // after. The unit and tensor layout is common/model_spec.h's.
 //
 // Numerics: weights and activations are bf16; matrix products accumulate in
-// fp32 (cuBLAS, CUBLAS_COMPUTE_32F); LayerNorm, softmax and cross-entropy
-// statistics are fp32; weight gradients are computed and returned in fp32.
+// fp32 (cuBLAS, CUBLAS_COMPUTE_32F, and the fused attention's tensor-core
+// tiles); LayerNorm, softmax and cross-entropy statistics are fp32; weight
+// gradients are computed and returned in fp32.
+//
+// Attention is fused (attention.h: tiles, online softmax, nothing of size
+// T×T kept) for head size 64, or materialized (cuBLAS products around a
+// softmax kernel, the [B,H,T,T] probabilities kept for backward).
 #ifndef PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_GPT_H_
 #define PSHARD_TRAINER_CLIENT_MODEL_CUDA_CUDA_GPT_H_
 

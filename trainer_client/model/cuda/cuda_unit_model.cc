@@ -149,7 +149,6 @@ absl::StatusOr<CudaUnitModel::WeightSlot*> CudaUnitModel::Stage(int unit, std::s
   const int index = (last_weight_slot_ + 1) % static_cast<int>(weights_.size());
   WeightSlot& slot = weights_[index];
   slot.unit = -1;  // until refilled
-  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const absl::Time start = absl::Now();
   // The staging buffer's previous copy in must be done before it is
   // overwritten (with depth + 1 slots that copy is long finished unless the
@@ -175,6 +174,7 @@ absl::StatusOr<CudaUnitModel::WeightSlot*> CudaUnitModel::Stage(int unit, std::s
 
 absl::Status CudaUnitModel::ForwardUnit(int unit, std::span<const float> weights) {
   RETURN_IF_ERROR(CheckUnit(unit, weights));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // events are made on the current device
   last_forward_unit_ = -1;
   ASSIGN_OR_RETURN(WeightSlot * slot, Stage(unit, weights));
   ASSIGN_OR_RETURN(cudaEvent_t begin, Mark(compute_));
@@ -196,6 +196,7 @@ absl::Status CudaUnitModel::BackwardUnit(int unit, std::span<const float> weight
   // runs from there, without a second copy.
   const bool resident = last_forward_unit_ == unit && weights_[last_weight_slot_].unit == unit;
   last_forward_unit_ = -1;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));  // events are made on the current device
   RETURN_IF_ERROR(pending_.Start(unit));
   GradientSlot& g = gradients_[pending_.slot(pending_.size() - 1)];
   WeightSlot* slot = nullptr;
