@@ -65,8 +65,9 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       push_seconds_(r.AddHistogram("pshard_trainer_push_seconds",
                                    "Latency of pushing one unit's gradient to all shards.", TransferBounds())
                         .Add(With(Rank(rank), "transport", transport))),
-      loss_(r.AddGauge("pshard_trainer_loss", "Cross-entropy of the last micro-batch, in nats.").Add(Rank(rank))),
-      grad_norm_(r.AddGauge("pshard_trainer_grad_norm", "L2 norm of this rank's last micro-batch gradient.")
+      loss_(r.AddGauge("pshard_trainer_loss", "Cross-entropy of the last step (mean over its micro-batches), in nats.").Add(Rank(rank))),
+      grad_norm_(r.AddGauge("pshard_trainer_grad_norm",
+                            "L2 norm of this rank's gradient in the last step (RMS over its micro-batches).")
                      .Add(Rank(rank))),
       step_(r.AddGauge("pshard_trainer_step", "The step this trainer completed last, plus one.").Add(Rank(rank))),
       activation_bytes_(ModelMemoryGauge(r, rank, "activations")),

@@ -22,7 +22,7 @@
 namespace pshard {
 namespace {
 
-constexpr char kPage[] = R"(# HELP pshard_trainer_loss Cross-entropy of the last micro-batch, in nats.
+constexpr char kPage[] = R"(# HELP pshard_trainer_loss Cross-entropy of the last step (mean over its micro-batches), in nats.
 # TYPE pshard_trainer_loss gauge
 pshard_trainer_loss{rank="1"} 2.5
 # HELP pshard_trainer_phase_seconds_total Step wall time by phase;\nsee docs \\ here.
