@@ -16,38 +16,58 @@ Trainer::Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions o
   targets_.resize(tokens_.size());
 }
 
-absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, const TokenDataset* data,
-                                                         TrainerOptions options) {
+UnitModelOptions Trainer::ModelOptions(const ShardClient& client, const TrainerOptions& options) {
+  UnitModelOptions model;
+  model.batch = options.batch;
+  model.seq_len = options.seq_len;
+  model.recompute_blocks = options.recompute_blocks;
+  model.device = options.device;
+  model.prefetch_depth = options.prefetch_depth;
+  model.lanes = options.fetch_once_per_step ? client.job().micro_batches : 1;
+  model.attention = options.attention;
+  return model;
+}
+
+absl::Status Trainer::CheckOptions(const ShardClient& client, const TrainerOptions& options) {
   if (options.prefetch_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch depth ", options.prefetch_depth, " < 0"));
   }
   if (options.group != nullptr) {
-    const int first = client->options().trainer_rank - options.group->rank();
-    if (!IsReductionTreeNode(client->job().num_trainers, first, options.group->size())) {
+    const int first = client.options().trainer_rank - options.group->rank();
+    if (!IsReductionTreeNode(client.job().num_trainers, first, options.group->size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a fabric group of ranks [", first, ", ", first + options.group->size(), ") does not align with the ",
-          client->job().num_trainers, " trainers' reduction tree (use aligned power-of-two groups)"));
+          client.job().num_trainers, " trainers' reduction tree (use aligned power-of-two groups)"));
     }
   }
-  if (options.fetch_once_per_step && client->job().micro_batches > 1 && !client->job().accumulate_on_trainer) {
+  if (options.fetch_once_per_step && client.job().micro_batches > 1 && !client.job().accumulate_on_trainer) {
     return absl::InvalidArgumentError(
         "fetching once per step runs all micro-batches in one pass and pushes their sum: it needs a job that "
         "accumulates on the trainer (accumulate_on_trainer)");
   }
-  if (options.seq_len > client->job().model.context) {
+  if (options.seq_len > client.job().model.context) {
     return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
-                                                   " exceeds the model context ", client->job().model.context));
+                                                   " exceeds the model context ", client.job().model.context));
   }
-  UnitModelOptions model_options;
-  model_options.batch = options.batch;
-  model_options.seq_len = options.seq_len;
-  model_options.recompute_blocks = options.recompute_blocks;
-  model_options.device = options.device;
-  model_options.prefetch_depth = options.prefetch_depth;
-  model_options.lanes = options.fetch_once_per_step ? client->job().micro_batches : 1;
-  model_options.attention = options.attention;
-  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model, CreateUnitModel(client->layout().spec, model_options));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, const TokenDataset* data,
+                                                         TrainerOptions options, std::unique_ptr<UnitModel> model) {
+  RETURN_IF_ERROR(CheckOptions(*client, options));
+  if (model == nullptr || model->lanes() != ModelOptions(*client, options).lanes ||
+      model->num_units() != static_cast<int>(client->layout().spec.units.size())) {
+    return absl::InvalidArgumentError("the model given does not fit the trainer's options and job");
+  }
   return std::unique_ptr<Trainer>(new Trainer(client, data, options, std::move(model)));
+}
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(ShardClient* client, const TokenDataset* data,
+                                                         TrainerOptions options) {
+  RETURN_IF_ERROR(CheckOptions(*client, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model,
+                   CreateUnitModel(client->layout().spec, ModelOptions(*client, options)));
+  return Create(client, data, options, std::move(model));
 }
 
 absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {

@@ -75,6 +75,12 @@ class Trainer {
   /// `client` and `data` must outlive the trainer.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(ShardClient* client, const TokenDataset* data,
                                                          TrainerOptions options);
+  /// With a model the caller made (from ModelOptions(); a test double, say)
+  /// instead of the one `options` name.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(ShardClient* client, const TokenDataset* data,
+                                                         TrainerOptions options, std::unique_ptr<UnitModel> model);
+  /// The model options a trainer with these options on this client uses.
+  static UnitModelOptions ModelOptions(const ShardClient& client, const TrainerOptions& options);
 
   /// Trains step `step` (fetching version `step` of every unit) and returns
   /// once every gradient push of the step is acknowledged.
@@ -85,6 +91,7 @@ class Trainer {
 
  private:
   Trainer(ShardClient* client, const TokenDataset* data, TrainerOptions options, std::unique_ptr<UnitModel> model);
+  static absl::Status CheckOptions(const ShardClient& client, const TrainerOptions& options);
 
   /// Forward and backward of the model's lanes on micro-batches
   /// first_micro, first_micro + 1, ...; their gradients (summed over the
