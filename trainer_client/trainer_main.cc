@@ -31,6 +31,9 @@
 #endif
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
+#if PSHARD_WITH_CUDA
+#include "trainer_client/model/cuda/cuda_unit_model.h"
+#endif
 
 ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
 ABSL_FLAG(int, rank, 0, "this trainer's rank, 0..M-1");
@@ -67,7 +70,8 @@ ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PS
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
 ABSL_FLAG(std::string, peak_flops, "auto",
-          "FLOP/s that MFU is measured against: a number, 'auto' (this machine's measured sgemm rate) or 0 (no MFU)");
+          "FLOP/s that MFU is measured against: a number, 'auto' (a GPU's datasheet dense bf16 rate; on the CPU, "
+          "this machine's measured sgemm rate) or 0 (no MFU)");
 ABSL_FLAG(std::string, topology, "", "topology file (JSON: nodes, fabric groups, links) to plan routes from");
 ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joining) and exit");
 ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
@@ -92,6 +96,18 @@ std::string Rate(double per_second) {
   if (per_second >= 1e6) return absl::StrFormat("%.1fM", per_second / 1e6);
   if (per_second >= 1e3) return absl::StrFormat("%.1fk", per_second / 1e3);
   return absl::StrFormat("%.0f", per_second);
+}
+
+// The rate MFU is measured against: a CPU model's measured sgemm rate, a
+// GPU's datasheet bf16 rate.
+double PeakFlops(const pshard::UnitModel& model, const std::string& device) {
+#if PSHARD_WITH_CUDA
+  if (model.DeviceName() != "cpu") {
+    const absl::StatusOr<int> index = pshard::CudaDeviceIndex(device);
+    return index.ok() ? pshard::CudaPeakBf16Flops(*index) : 0.0;
+  }
+#endif
+  return pshard::MeasureSgemmFlops();
 }
 
 int Run() {
@@ -145,9 +161,9 @@ int Run() {
     }
   }
   double peak_flops = 0.0;
-  if (const std::string peak = absl::GetFlag(FLAGS_peak_flops); peak == "auto") {
-    peak_flops = pshard::MeasureSgemmFlops();
-  } else if (!absl::SimpleAtod(peak, &peak_flops) || peak_flops < 0) {
+  const bool measure_peak = absl::GetFlag(FLAGS_peak_flops) == "auto";  // once the model is known
+  if (const std::string peak = absl::GetFlag(FLAGS_peak_flops);
+      !measure_peak && (!absl::SimpleAtod(peak, &peak_flops) || peak_flops < 0)) {
     std::fprintf(stderr, "pshard-trainer: --peak_flops=%s is not a number, 'auto' or 0\n", peak.c_str());
     return 2;
   }
@@ -229,6 +245,7 @@ int Run() {
     return 2;
   }
   const pshard::UnitModel& model = (*trainer)->model();
+  if (measure_peak) peak_flops = PeakFlops(model, topts.device);
   // Labelled with the data path in use (shard 0's; "auto" may mix them).
   pshard::TrainerMetrics metrics(registry, copts.trainer_rank, (*client)->transport_name(0),
                                  model.DeviceName() == "cpu" ? "cpu" : "cuda", peak_flops);
@@ -268,6 +285,7 @@ int Run() {
   int window_steps = 0;
   int64_t done = 0;
   int64_t report_tokens = 0;  // this trainer's tokens per step
+  double step_flops = 0.0;    // and model FLOPs
   int64_t wire_bytes = 0;     // fetched and pushed, all steps
   for (int64_t step = first; step < steps && !stop; ++step) {
     absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
@@ -278,6 +296,7 @@ int Run() {
     }
     ++done;
     report_tokens = r->tokens;
+    step_flops = r->flops;
     wire_bytes += r->bytes_fetched + r->bytes_pushed;
     metrics.RecordStep(*r);
     recent_losses.push_back(r->loss);
@@ -315,13 +334,18 @@ int Run() {
   std::printf("trainer %d summary: %lld steps | final loss %.3f (mean of last %zu steps) | unigram entropy "
               "%.3f nats\n  time: compute %.1f%% | exposed comm %.1f%% | data %.1f%% | other %.1f%% | comm "
               "busy %.1f%% (hidden behind compute: %.1f%%)\n  per step: wall %s | compute %s | comm busy %s | "
-              "exposed comm %s | %.1f MiB on the wire | %.0f tok/s (this trainer)\n",
+              "exposed comm %s | %.1f MiB on the wire | %.0f tok/s (this trainer)%s\n",
               rank, static_cast<long long>(done), final_loss, recent_losses.size(),
               data->UnigramEntropyNats(), pct(total.compute), pct(total.comm_exposed), pct(total.data),
               pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed),
               per_step(total.wall).c_str(), per_step(total.compute).c_str(), per_step(total.comm_busy).c_str(),
               per_step(total.comm_exposed).c_str(), static_cast<double>(wire_bytes) / done / 1048576.0,
-              static_cast<double>(report_tokens) * static_cast<double>(done) / wall);
+              static_cast<double>(report_tokens) * static_cast<double>(done) / wall,
+              peak_flops > 0 ? absl::StrFormat(" | MFU %.1f%% of %s", 100.0 * step_flops * done / wall / peak_flops,
+                                               peak_flops >= 1e12 ? absl::StrFormat("%.0f TFLOP/s", peak_flops / 1e12)
+                                                                  : absl::StrFormat("%.1f GFLOP/s", peak_flops / 1e9))
+                                   .c_str()
+                             : "");
   std::fflush(stdout);
   if (const absl::Duration linger = absl::GetFlag(FLAGS_metrics_linger); linger > absl::ZeroDuration() && !stop) {
     std::fprintf(stderr, "pshard-trainer %d: serving final metrics for %s\n", rank,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,34 @@ int CudaDeviceCount() {
     return 0;
   }
   return count;
+}
+
+double CudaPeakBf16Flops(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0.0;
+  }
+  // Datasheet dense rates (no sparsity), the more specific names first.
+  struct Part {
+    const char* name;
+    double tflops;
+  };
+  static constexpr Part kParts[] = {{"H100 PCIe", 756}, {"H100 NVL", 835}, {"H100", 989}, {"H200", 989},
+                                    {"B200", 2250},     {"A100", 312},     {"A800", 312}, {"L40S", 362},
+                                    {"L40", 181},       {"L4", 121}};
+  const std::string name = prop.name;
+  for (const Part& part : kParts) {
+    if (name.find(part.name) != std::string::npos) return part.tflops * 1e12;
+  }
+  // Dense bf16 FLOP per SM per clock: Hopper 4096, A100 2048, others 1024.
+  const double per_sm = prop.major >= 9 ? 4096.0 : (prop.major == 8 && prop.minor == 0 ? 2048.0 : 1024.0);
+  int clock_khz = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0.0;
+  }
+  return per_sm * prop.multiProcessorCount * clock_khz * 1e3;
 }
 
 absl::StatusOr<std::unique_ptr<UnitModel>> CudaUnitModel::Create(const ModelSpec& spec,

@@ -35,6 +35,12 @@ namespace pshard {
 /// Usable CUDA devices (0 when the driver or the devices are missing).
 int CudaDeviceCount();
 
+/// The dense bf16 tensor rate of CUDA device `device`, in FLOP/s, that MFU
+/// is measured against: the datasheet figure for known data-center parts
+/// (H100/H200 SXM 989 TFLOP/s, A100 312, ...), else SMs × clock × the
+/// architecture's rate per SM. 0 when the device cannot be queried.
+double CudaPeakBf16Flops(int device);
+
 /// Not thread-safe: one caller at a time.
 class CudaUnitModel final : public UnitModel {
  public:
