@@ -84,6 +84,11 @@ int RunLocal() {
                  "micro-batches: add --accumulate_on_trainer\n");
     return 2;
   }
+  if (const std::string attention = absl::GetFlag(FLAGS_attention);
+      attention != "auto" && attention != "fused" && attention != "materialized") {
+    std::fprintf(stderr, "pshard local: --attention=%s: expected auto, fused or materialized\n", attention.c_str());
+    return 2;
+  }
   spec.num_trainers = absl::GetFlag(FLAGS_trainers);
   spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   spec.run_dir = absl::GetFlag(FLAGS_run_dir);

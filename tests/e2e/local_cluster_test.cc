@@ -96,6 +96,18 @@ TEST(LocalClusterE2E, FetchOncePerStepTrainsTheSameForLessTraffic) {
   EXPECT_LT(wire_once, 0.5 * wire_per_micro) << out[0] << out[1];
 }
 
+TEST(LocalClusterE2E, UnknownAttentionIsRefusedBeforeStarting) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--attention=flash"});
+  ASSERT_TRUE(launcher.ok());
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(code.has_value());
+  EXPECT_EQ(*code, 2);
+  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("expected auto, fused or materialized"), std::string::npos)
+      << ReadFile(run_dir + "/launcher.log");
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+}
+
 TEST(LocalClusterE2E, FetchOncePerStepNeedsAccumulationOnTheTrainer) {
   const std::string run_dir = MakeRunDir();
   auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--micro_batches=2", "--fetch_once_per_step"});

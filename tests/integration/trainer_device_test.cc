@@ -52,6 +52,15 @@ TEST_F(TrainerDeviceTest, UnknownDevicesAreRefused) {
   EXPECT_THAT(trainer.status().message(), HasSubstr("expected cpu, cuda, cuda:N or auto"));
 }
 
+TEST_F(TrainerDeviceTest, UnknownAttentionIsRefused) {
+  TrainerOptions options = TinyTrainerOptions();
+  options.attention = "flash";
+  auto trainer = Trainer::Create(client_.get(), &TestCorpus(), options);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(trainer.status().message(), HasSubstr("expected auto, fused or materialized"));
+}
+
 TEST_F(TrainerDeviceTest, CudaNeedsACudaBuild) {
   if (PSHARD_WITH_CUDA) GTEST_SKIP() << "this build has CUDA (cuda_trainer_test covers it)";
   auto trainer = Make("cuda");
