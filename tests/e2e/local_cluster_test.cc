@@ -96,40 +96,31 @@ TEST(LocalClusterE2E, FetchOncePerStepTrainsTheSameForLessTraffic) {
   EXPECT_LT(wire_once, 0.5 * wire_per_micro) << out[0] << out[1];
 }
 
-TEST(LocalClusterE2E, UnknownAttentionIsRefusedBeforeStarting) {
+// `pshard local` with `flags` exits with `code`, saying `message`, and
+// leaves no process behind.
+void ExpectRefused(const std::vector<std::string>& flags, int code, const std::string& message) {
   const std::string run_dir = MakeRunDir();
-  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--attention=flash"});
+  auto launcher = StartLocal(run_dir, flags);
   ASSERT_TRUE(launcher.ok());
-  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
-  ASSERT_TRUE(code.has_value());
-  EXPECT_EQ(*code, 2);
-  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("expected auto, fused or materialized"), std::string::npos)
+  std::optional<int> exit_code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(exit_code.has_value());
+  EXPECT_EQ(*exit_code, code);
+  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find(message), std::string::npos)
       << ReadFile(run_dir + "/launcher.log");
   EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+}
+
+TEST(LocalClusterE2E, UnknownAttentionIsRefusedBeforeStarting) {
+  ExpectRefused({"--servers=2", "--trainers=1", "--attention=flash"}, 2, "expected auto, fused or materialized");
 }
 
 TEST(LocalClusterE2E, FetchOncePerStepNeedsAccumulationOnTheTrainer) {
-  const std::string run_dir = MakeRunDir();
-  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--micro_batches=2", "--fetch_once_per_step"});
-  ASSERT_TRUE(launcher.ok());
-  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
-  ASSERT_TRUE(code.has_value());
-  EXPECT_EQ(*code, 2);
-  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("add --accumulate_on_trainer"), std::string::npos)
-      << ReadFile(run_dir + "/launcher.log");
-  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+  ExpectRefused({"--servers=2", "--trainers=1", "--micro_batches=2", "--fetch_once_per_step"}, 2,
+                "add --accumulate_on_trainer");
 }
 
 TEST(LocalClusterE2E, BadFlagsGiveAClearError) {
-  const std::string run_dir = MakeRunDir();
-  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--d_model=30", "--heads=4"});
-  ASSERT_TRUE(launcher.ok());
-  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
-  ASSERT_TRUE(code.has_value());
-  EXPECT_EQ(*code, 1);
-  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("not divisible by heads"), std::string::npos)
-      << ReadFile(run_dir + "/launcher.log");
-  EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+  ExpectRefused({"--servers=2", "--trainers=1", "--d_model=30", "--heads=4"}, 1, "not divisible by heads");
 }
 
 }  // namespace
