@@ -50,26 +50,24 @@ __device__ void LoadTile(bf16* tile, const bf16* src, int64_t ld, int row0, int 
   }
 }
 
-// acc[n] (n over kTile / 16 column blocks) = rows [r0, r0 + 16) of a (row
-// major, [.][kLdH]) times b, where b is [kHs x kTile] given as the rows of
-// `b_rows` ([kTile][kLdH], transposed on load) when kTransposeB, else as a
-// row-major [kTile][kLdH] matrix. The inner dimension is kHs == kTile.
-template <bool kTransposeB>
-__device__ void WarpProduct(FragC (&acc)[kTile / kFrag], const bf16* a, int r0, const bf16* b) {
+// A warp's 16 rows of a [.][kLdH] tile (kHs columns) as WMMA A operands,
+// one per 16 columns: loaded once where the rows stay for the whole block.
+using RowFragments = FragA[kHs / kFrag];
+
+__device__ void LoadRows(RowFragments& a, const bf16* tile, int r0) {
+  for (int k = 0; k < kHs / kFrag; ++k) wmma::load_matrix_sync(a[k], tile + r0 * kLdH + k * kFrag, kLdH);
+}
+
+// acc[n] (n over kTile / 16 column blocks) = a · bᵀ: a is a warp's 16 rows
+// (inner dimension kHs), b a [kTile][kLdH] tile whose rows are the columns
+// of the product (transposed on load).
+__device__ void WarpProductTransposed(FragC (&acc)[kTile / kFrag], const RowFragments& a, const bf16* b) {
   for (FragC& c : acc) wmma::fill_fragment(c, 0.0f);
   for (int k = 0; k < kHs / kFrag; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + r0 * kLdH + k * kFrag, kLdH);
     for (int n = 0; n < kTile / kFrag; ++n) {
-      if constexpr (kTransposeB) {
-        FragBt fb;
-        wmma::load_matrix_sync(fb, b + n * kFrag * kLdH + k * kFrag, kLdH);
-        wmma::mma_sync(acc[n], fa, fb, acc[n]);
-      } else {
-        FragB fb;
-        wmma::load_matrix_sync(fb, b + k * kFrag * kLdH + n * kFrag, kLdH);
-        wmma::mma_sync(acc[n], fa, fb, acc[n]);
-      }
+      FragBt fb;
+      wmma::load_matrix_sync(fb, b + n * kFrag * kLdH + k * kFrag, kLdH);
+      wmma::mma_sync(acc[n], a[k], fb, acc[n]);
     }
   }
 }
@@ -137,13 +135,16 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
     row_max[i] = -INFINITY;
     row_sum[i] = 0.0f;
   }
+  __syncthreads();
+  RowFragments q_rows;  // the warp's queries, for every key tile
+  LoadRows(q_rows, q, r0);
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the previous key tile
     LoadTile(k, head + c, ld, kt * kTile, seq_len);
     LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
     __syncthreads();
     FragC acc[kTile / kFrag];
-    WarpProduct<true>(acc, q, r0, k);  // scores of the warp's rows: q kᵀ
+    WarpProductTransposed(acc, q_rows, k);  // scores of the warp's rows: q kᵀ
     StoreRows(s, r0, acc);
     __syncwarp();
     // Online softmax, one row at a time; each lane holds two of its columns.
@@ -246,6 +247,10 @@ __global__ void __launch_bounds__(kThreads) KeyValueGradKernel(bf16* dqkv, const
 
   LoadTile(k, head + c, ld, kt * kTile, seq_len);
   LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
+  __syncthreads();
+  RowFragments k_rows, v_rows;  // the warp's keys and values, for every query tile
+  LoadRows(k_rows, k, r0);
+  LoadRows(v_rows, v, r0);
   FragC dk[kHs / kFrag], dv[kHs / kFrag];
   for (int n = 0; n < kHs / kFrag; ++n) {
     wmma::fill_fragment(dk[n], 0.0f);
@@ -262,9 +267,9 @@ __global__ void __launch_bounds__(kThreads) KeyValueGradKernel(bf16* dqkv, const
     }
     __syncthreads();
     FragC acc[kTile / kFrag];
-    WarpProduct<true>(acc, k, r0, q);  // sᵀ = k qᵀ
+    WarpProductTransposed(acc, k_rows, q);  // sᵀ = k qᵀ
     StoreRows(st, r0, acc);
-    WarpProduct<true>(acc, v, r0, dout_tile);  // dpᵀ = v doᵀ
+    WarpProductTransposed(acc, v_rows, dout_tile);  // dpᵀ = v doᵀ
     StoreRows(dpt, r0, acc);
     __syncwarp();
     for (int r = r0; r < r0 + kFrag; ++r) {
@@ -325,6 +330,10 @@ __global__ void __launch_bounds__(kThreads) QueryGradKernel(bf16* dqkv, const bf
     tile_lse[i] = q0 + i < seq_len ? lse[int64_t{blockIdx.y} * seq_len + q0 + i] : 0.0f;
     tile_delta[i] = q0 + i < seq_len ? delta[int64_t{blockIdx.y} * seq_len + q0 + i] : 0.0f;
   }
+  __syncthreads();
+  RowFragments q_rows, dout_rows;  // the warp's queries and their output gradients, for every key tile
+  LoadRows(q_rows, q, r0);
+  LoadRows(dout_rows, dout_tile, r0);
   FragC dq[kHs / kFrag];
   for (FragC& f : dq) wmma::fill_fragment(f, 0.0f);
   for (int kt = 0; kt <= qt; ++kt) {
@@ -333,9 +342,9 @@ __global__ void __launch_bounds__(kThreads) QueryGradKernel(bf16* dqkv, const bf
     LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
     __syncthreads();
     FragC acc[kTile / kFrag];
-    WarpProduct<true>(acc, q, r0, k);  // s = q kᵀ
+    WarpProductTransposed(acc, q_rows, k);  // s = q kᵀ
     StoreRows(s, r0, acc);
-    WarpProduct<true>(acc, dout_tile, r0, v);  // dp = do vᵀ
+    WarpProductTransposed(acc, dout_rows, v);  // dp = do vᵀ
     StoreRows(dp, r0, acc);
     __syncwarp();
     for (int r = r0; r < r0 + kFrag; ++r) {
