@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need an NVIDIA GPU, in one run:
-#   bench/gpu/device_checks.sh BIN_DIR OUT_DIR
+#   bench/gpu/device_checks.sh BIN_DIR OUT_DIR [pshard local flags...]
 # BIN_DIR holds a -DPSHARD_WITH_CUDA=ON build's binaries (pshard,
 # pshard-server, pshard-trainer, cuda_gpt_test, cuda_trainer_test and, with
 # -DPSHARD_WITH_NCCL=ON, nccl_group_test); every
@@ -17,9 +17,13 @@
 #     PyTorch eager) and ../overlap.sh --device=cuda (step time against
 #     max(compute, comm), compute-bound and comm-bound).
 # Each check has its own time limit, so one that hangs cannot eat the rest.
+# Flags after OUT_DIR (e.g. --attention=materialized) go to every pshard
+# local run: the GPT-2 run, end_to_end.sh and overlap.sh.
 set -uo pipefail
 bin=${1:?usage: device_checks.sh BIN_DIR OUT_DIR}
 out=${2:?usage: device_checks.sh BIN_DIR OUT_DIR}
+shift 2
+extra=("$@")
 mkdir -p "$out"
 summary="$out/summary.txt"
 : > "$summary"
@@ -41,7 +45,7 @@ done
 start=$(date +%s)
 timeout 240 "$bin/pshard" local --bin_dir="$bin" --run_dir="$out/gpt2" --servers=1 --trainers=1 --metrics_port_base=0 \
   --layers=12 --d_model=768 --heads=12 --context=1024 --seq_len=1024 --batch=4 --steps=50 \
-  --warmup_steps=10 --lr=6e-4 --min_lr=6e-5 --device=cuda --log_every=5 > "$out/gpt2.log" 2>&1
+  --warmup_steps=10 --lr=6e-4 --min_lr=6e-5 --device=cuda --log_every=5 "${extra[@]}" > "$out/gpt2.log" 2>&1
 code=$?
 note "gpt2-124M, 50 steps on cuda: exit $code in $(( $(date +%s) - start )) s"
 grep -E '^(pshard:|step |trainer 0 summary|  time:)' "$out/gpt2.log" | tee -a "$summary"
@@ -66,9 +70,10 @@ if [[ -x $bin/gpu_compute_bench ]]; then
 else
   note "gpu_compute_bench: missing from $bin"
 fi
-timeout 240 "$here/end_to_end.sh" "$bin" "$out/e2e" > "$out/end_to_end.log" 2>&1
+timeout 240 "$here/end_to_end.sh" "$bin" "$out/e2e" -- "${extra[@]}" > "$out/end_to_end.log" 2>&1
 note "end_to_end.sh: exit $?"
 grep -E '^(end to end|  )' "$out/end_to_end.log" | tee -a "$summary"
-timeout 240 "$here/../overlap.sh" --bin_dir="$bin" --device=cuda --out="$out/overlap" > "$out/overlap.log" 2>&1
+timeout 240 "$here/../overlap.sh" --bin_dir="$bin" --device=cuda --out="$out/overlap" -- "${extra[@]}" \
+  > "$out/overlap.log" 2>&1
 note "overlap.sh --device=cuda: exit $?"
 tee -a "$summary" < "$out/overlap.log"
