@@ -102,6 +102,43 @@ __device__ void WriteRows(bf16* dst, int64_t ld, int row0, int rows, const float
   }
 }
 
+// The head a block works on (blockIdx.y = b · heads + h), where its data
+// lives, and the calling thread's place in the block.
+struct BlockHead {
+  int tiles;           // 64-row tiles of the sequence
+  int c;               // model width: row stride of out and dout
+  int64_t ld;          // row stride of qkv and dqkv (3C)
+  int64_t qkv_offset;  // this head's q columns of row 0 in qkv and dqkv
+  int64_t out_offset;  // this head's columns of row 0 in out and dout
+  int64_t stats;       // this head's row 0 in lse and delta ([B,H,T])
+  int r0;              // first of this warp's 16 rows in a tile
+  int lane;
+};
+
+__device__ BlockHead ThisBlockHead(int seq_len, int heads) {
+  BlockHead head;
+  const int b = blockIdx.y / heads;
+  const int h = blockIdx.y % heads;
+  head.tiles = (seq_len + kTile - 1) / kTile;
+  head.c = heads * kHs;
+  head.ld = 3 * int64_t{head.c};
+  head.qkv_offset = int64_t{b} * seq_len * head.ld + h * kHs;
+  head.out_offset = int64_t{b} * seq_len * head.c + h * kHs;
+  head.stats = int64_t{blockIdx.y} * seq_len;
+  head.r0 = threadIdx.x / kWarpSize * kFrag;
+  head.lane = threadIdx.x % kWarpSize;
+  return head;
+}
+
+// The log-sum-exp and delta of the queries of the tile at q0 (0 past the end).
+__device__ void LoadQueryStats(float* tile_lse, float* tile_delta, const float* lse, const float* delta,
+                               const BlockHead& head, int q0, int seq_len) {
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+    tile_lse[i] = q0 + i < seq_len ? lse[head.stats + q0 + i] : 0.0f;
+    tile_delta[i] = q0 + i < seq_len ? delta[head.stats + q0 + i] : 0.0f;
+  }
+}
+
 // Query tile qt of head (b, h): a block per (query tile, batch·head), the
 // longest rows (last tiles) launched first. Each warp owns 16 query rows
 // and, after the block has loaded a key tile, works on them alone.
@@ -117,19 +154,12 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
   float* row_max = o + kFloatTile;
   float* row_sum = row_max + kTile;
 
-  const int tiles = (seq_len + kTile - 1) / kTile;
-  const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
-  const int b = blockIdx.y / heads;
-  const int h = blockIdx.y % heads;
-  const int c = heads * kHs;
-  const int64_t ld = 3 * int64_t{c};
-  const bf16* head = qkv + int64_t{b} * seq_len * ld + h * kHs;
+  const BlockHead bh = ThisBlockHead(seq_len, heads);
+  const bf16* head = qkv + bh.qkv_offset;
+  const int qt = bh.tiles - 1 - static_cast<int>(blockIdx.x);
   const int q0 = qt * kTile;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int r0 = warp * kFrag;
 
-  LoadTile(q, head, ld, q0, seq_len);
+  LoadTile(q, head, bh.ld, q0, seq_len);
   for (int i = threadIdx.x; i < kFloatTile; i += blockDim.x) o[i] = 0.0f;
   for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
     row_max[i] = -INFINITY;
@@ -137,24 +167,24 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
   }
   __syncthreads();
   RowFragments q_rows;  // the warp's queries, for every key tile
-  LoadRows(q_rows, q, r0);
+  LoadRows(q_rows, q, bh.r0);
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the previous key tile
-    LoadTile(k, head + c, ld, kt * kTile, seq_len);
-    LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
+    LoadTile(k, head + bh.c, bh.ld, kt * kTile, seq_len);
+    LoadTile(v, head + 2 * bh.c, bh.ld, kt * kTile, seq_len);
     __syncthreads();
     FragC acc[kTile / kFrag];
     WarpProductTransposed(acc, q_rows, k);  // scores of the warp's rows: q kᵀ
-    StoreRows(s, r0, acc);
+    StoreRows(s, bh.r0, acc);
     __syncwarp();
     // Online softmax, one row at a time; each lane holds two of its columns.
-    for (int r = r0; r < r0 + kFrag; ++r) {
+    for (int r = bh.r0; r < bh.r0 + kFrag; ++r) {
       const int i = q0 + r;
       float x[2];
       float tile_max = -INFINITY;
       for (int t = 0; t < 2; ++t) {
-        const int j = kt * kTile + lane + t * kWarpSize;
-        x[t] = j <= i && j < seq_len ? s[r * kLdF + lane + t * kWarpSize] * scale : -INFINITY;
+        const int j = kt * kTile + bh.lane + t * kWarpSize;
+        x[t] = j <= i && j < seq_len ? s[r * kLdF + bh.lane + t * kWarpSize] * scale : -INFINITY;
         tile_max = fmaxf(tile_max, x[t]);
       }
       tile_max = WarpMax(tile_max);
@@ -163,16 +193,16 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
       float tile_sum = 0.0f;
       for (int t = 0; t < 2; ++t) {
         const float e = x[t] == -INFINITY ? 0.0f : expf(x[t] - new_max);
-        p[r * kLdH + lane + t * kWarpSize] = ToBf16(e);
+        p[r * kLdH + bh.lane + t * kWarpSize] = ToBf16(e);
         tile_sum += e;
       }
       tile_sum = WarpSum(tile_sum);
       // The first tile holds key 0, which every query sees: from then on
       // the running max is finite.
       const float rescale = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
-      for (int col = lane; col < kHs; col += kWarpSize) o[r * kLdF + col] *= rescale;
+      for (int col = bh.lane; col < kHs; col += kWarpSize) o[r * kLdF + col] *= rescale;
       __syncwarp();
-      if (lane == 0) {
+      if (bh.lane == 0) {
         row_sum[r] = row_sum[r] * rescale + tile_sum;
         row_max[r] = new_max;
       }
@@ -180,19 +210,19 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
     __syncwarp();
     // o += p v for the warp's rows.
     for (int n = 0; n < kHs / kFrag; ++n) {
-      wmma::load_matrix_sync(acc[n], o + r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc[n], o + bh.r0 * kLdF + n * kFrag, kLdF, wmma::mem_row_major);
     }
-    WarpProductAdd(acc, p, r0, v);
-    StoreRows(o, r0, acc);
+    WarpProductAdd(acc, p, bh.r0, v);
+    StoreRows(o, bh.r0, acc);
     __syncwarp();
   }
-  bf16* dst = out + int64_t{b} * seq_len * c + h * kHs;
-  for (int r = r0; r < r0 + kFrag; ++r) {
+  bf16* dst = out + bh.out_offset;
+  for (int r = bh.r0; r < bh.r0 + kFrag; ++r) {
     const int i = q0 + r;
     if (i >= seq_len) break;
     const float inv = 1.0f / row_sum[r];
-    for (int col = lane; col < kHs; col += kWarpSize) dst[int64_t{i} * c + col] = ToBf16(o[r * kLdF + col] * inv);
-    if (lane == 0) lse[int64_t{blockIdx.y} * seq_len + i] = row_max[r] + logf(row_sum[r]);
+    for (int col = bh.lane; col < kHs; col += kWarpSize) dst[int64_t{i} * bh.c + col] = ToBf16(o[r * kLdF + col] * inv);
+    if (bh.lane == 0) lse[bh.stats + i] = row_max[r] + logf(row_sum[r]);
   }
 }
 
@@ -231,50 +261,38 @@ __global__ void __launch_bounds__(kThreads) KeyValueGradKernel(bf16* dqkv, const
   float* tile_lse = dpt + kFloatTile;
   float* tile_delta = tile_lse + kTile;
 
-  const int tiles = (seq_len + kTile - 1) / kTile;
+  const BlockHead bh = ThisBlockHead(seq_len, heads);
+  const bf16* head = qkv + bh.qkv_offset;
+  const bf16* dout_head = dout + bh.out_offset;
   const int kt = blockIdx.x;  // the first tiles have the most queries after them
-  const int b = blockIdx.y / heads;
-  const int h = blockIdx.y % heads;
-  const int c = heads * kHs;
-  const int64_t ld = 3 * int64_t{c};
-  const bf16* head = qkv + int64_t{b} * seq_len * ld + h * kHs;
-  const bf16* dout_head = dout + int64_t{b} * seq_len * c + h * kHs;
-  const float* head_lse = lse + int64_t{blockIdx.y} * seq_len;
-  const float* head_delta = delta + int64_t{blockIdx.y} * seq_len;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int r0 = warp * kFrag;
 
-  LoadTile(k, head + c, ld, kt * kTile, seq_len);
-  LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
+  LoadTile(k, head + bh.c, bh.ld, kt * kTile, seq_len);
+  LoadTile(v, head + 2 * bh.c, bh.ld, kt * kTile, seq_len);
   __syncthreads();
   RowFragments k_rows, v_rows;  // the warp's keys and values, for every query tile
-  LoadRows(k_rows, k, r0);
-  LoadRows(v_rows, v, r0);
+  LoadRows(k_rows, k, bh.r0);
+  LoadRows(v_rows, v, bh.r0);
   FragC dk[kHs / kFrag], dv[kHs / kFrag];
   for (int n = 0; n < kHs / kFrag; ++n) {
     wmma::fill_fragment(dk[n], 0.0f);
     wmma::fill_fragment(dv[n], 0.0f);
   }
-  for (int qt = kt; qt < tiles; ++qt) {
+  for (int qt = kt; qt < bh.tiles; ++qt) {
     const int q0 = qt * kTile;
     __syncthreads();  // every warp is done with the previous query tile
-    LoadTile(q, head, ld, q0, seq_len);
-    LoadTile(dout_tile, dout_head, c, q0, seq_len);
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      tile_lse[i] = q0 + i < seq_len ? head_lse[q0 + i] : 0.0f;
-      tile_delta[i] = q0 + i < seq_len ? head_delta[q0 + i] : 0.0f;
-    }
+    LoadTile(q, head, bh.ld, q0, seq_len);
+    LoadTile(dout_tile, dout_head, bh.c, q0, seq_len);
+    LoadQueryStats(tile_lse, tile_delta, lse, delta, bh, q0, seq_len);
     __syncthreads();
     FragC acc[kTile / kFrag];
     WarpProductTransposed(acc, k_rows, q);  // sᵀ = k qᵀ
-    StoreRows(st, r0, acc);
+    StoreRows(st, bh.r0, acc);
     WarpProductTransposed(acc, v_rows, dout_tile);  // dpᵀ = v doᵀ
-    StoreRows(dpt, r0, acc);
+    StoreRows(dpt, bh.r0, acc);
     __syncwarp();
-    for (int r = r0; r < r0 + kFrag; ++r) {
+    for (int r = bh.r0; r < bh.r0 + kFrag; ++r) {
       const int j = kt * kTile + r;
-      for (int col = lane; col < kTile; col += kWarpSize) {
+      for (int col = bh.lane; col < kTile; col += kWarpSize) {
         const int i = q0 + col;
         const bool seen = j <= i && i < seq_len && j < seq_len;
         const float prob = seen ? expf(st[r * kLdF + col] * scale - tile_lse[col]) : 0.0f;
@@ -283,16 +301,16 @@ __global__ void __launch_bounds__(kThreads) KeyValueGradKernel(bf16* dqkv, const
       }
     }
     __syncwarp();
-    WarpProductAdd(dv, pt, r0, dout_tile);  // dv += pᵀ do
-    WarpProductAdd(dk, dst, r0, q);         // dk += dsᵀ q
+    WarpProductAdd(dv, pt, bh.r0, dout_tile);  // dv += pᵀ do
+    WarpProductAdd(dk, dst, bh.r0, q);         // dk += dsᵀ q
   }
   __syncwarp();
-  bf16* dhead = dqkv + int64_t{b} * seq_len * ld + h * kHs;
-  StoreRows(st, r0, dk);
-  StoreRows(dpt, r0, dv);
+  bf16* dhead = dqkv + bh.qkv_offset;
+  StoreRows(st, bh.r0, dk);
+  StoreRows(dpt, bh.r0, dv);
   __syncwarp();
-  WriteRows(dhead + c, ld, kt * kTile, seq_len, st, r0, 1.0f);
-  WriteRows(dhead + 2 * c, ld, kt * kTile, seq_len, dpt, r0, 1.0f);
+  WriteRows(dhead + bh.c, bh.ld, kt * kTile, seq_len, st, bh.r0, 1.0f);
+  WriteRows(dhead + 2 * bh.c, bh.ld, kt * kTile, seq_len, dpt, bh.r0, 1.0f);
 }
 
 // Query tile qt of head (b, h): dQ summed over the key tiles up to it, in
@@ -311,45 +329,34 @@ __global__ void __launch_bounds__(kThreads) QueryGradKernel(bf16* dqkv, const bf
   float* tile_lse = dp + kFloatTile;
   float* tile_delta = tile_lse + kTile;
 
-  const int tiles = (seq_len + kTile - 1) / kTile;
-  const int qt = tiles - 1 - static_cast<int>(blockIdx.x);
-  const int b = blockIdx.y / heads;
-  const int h = blockIdx.y % heads;
-  const int c = heads * kHs;
-  const int64_t ld = 3 * int64_t{c};
-  const bf16* head = qkv + int64_t{b} * seq_len * ld + h * kHs;
-  const bf16* dout_head = dout + int64_t{b} * seq_len * c + h * kHs;
+  const BlockHead bh = ThisBlockHead(seq_len, heads);
+  const bf16* head = qkv + bh.qkv_offset;
+  const int qt = bh.tiles - 1 - static_cast<int>(blockIdx.x);
   const int q0 = qt * kTile;
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int r0 = warp * kFrag;
 
-  LoadTile(q, head, ld, q0, seq_len);
-  LoadTile(dout_tile, dout_head, c, q0, seq_len);
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    tile_lse[i] = q0 + i < seq_len ? lse[int64_t{blockIdx.y} * seq_len + q0 + i] : 0.0f;
-    tile_delta[i] = q0 + i < seq_len ? delta[int64_t{blockIdx.y} * seq_len + q0 + i] : 0.0f;
-  }
+  LoadTile(q, head, bh.ld, q0, seq_len);
+  LoadTile(dout_tile, dout + bh.out_offset, bh.c, q0, seq_len);
+  LoadQueryStats(tile_lse, tile_delta, lse, delta, bh, q0, seq_len);
   __syncthreads();
   RowFragments q_rows, dout_rows;  // the warp's queries and their output gradients, for every key tile
-  LoadRows(q_rows, q, r0);
-  LoadRows(dout_rows, dout_tile, r0);
+  LoadRows(q_rows, q, bh.r0);
+  LoadRows(dout_rows, dout_tile, bh.r0);
   FragC dq[kHs / kFrag];
   for (FragC& f : dq) wmma::fill_fragment(f, 0.0f);
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // every warp is done with the previous key tile
-    LoadTile(k, head + c, ld, kt * kTile, seq_len);
-    LoadTile(v, head + 2 * c, ld, kt * kTile, seq_len);
+    LoadTile(k, head + bh.c, bh.ld, kt * kTile, seq_len);
+    LoadTile(v, head + 2 * bh.c, bh.ld, kt * kTile, seq_len);
     __syncthreads();
     FragC acc[kTile / kFrag];
     WarpProductTransposed(acc, q_rows, k);  // s = q kᵀ
-    StoreRows(s, r0, acc);
+    StoreRows(s, bh.r0, acc);
     WarpProductTransposed(acc, dout_rows, v);  // dp = do vᵀ
-    StoreRows(dp, r0, acc);
+    StoreRows(dp, bh.r0, acc);
     __syncwarp();
-    for (int r = r0; r < r0 + kFrag; ++r) {
+    for (int r = bh.r0; r < bh.r0 + kFrag; ++r) {
       const int i = q0 + r;
-      for (int col = lane; col < kTile; col += kWarpSize) {
+      for (int col = bh.lane; col < kTile; col += kWarpSize) {
         const int j = kt * kTile + col;
         const bool seen = j <= i && i < seq_len && j < seq_len;
         const float prob = seen ? expf(s[r * kLdF + col] * scale - tile_lse[r]) : 0.0f;
@@ -357,12 +364,12 @@ __global__ void __launch_bounds__(kThreads) QueryGradKernel(bf16* dqkv, const bf
       }
     }
     __syncwarp();
-    WarpProductAdd(dq, ds, r0, k);  // dq += ds k
+    WarpProductAdd(dq, ds, bh.r0, k);  // dq += ds k
   }
   __syncwarp();
-  StoreRows(s, r0, dq);
+  StoreRows(s, bh.r0, dq);
   __syncwarp();
-  WriteRows(dqkv + int64_t{b} * seq_len * ld + h * kHs, ld, q0, seq_len, s, r0, 1.0f);
+  WriteRows(dqkv + bh.qkv_offset, bh.ld, q0, seq_len, s, bh.r0, 1.0f);
 }
 
 // Opts a kernel into more than the default 48 KiB of shared memory.
