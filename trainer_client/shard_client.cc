@@ -12,6 +12,7 @@
 #include "proto/shard.grpc.pb.h"
 #include "pshard/config.h"
 #include "trainer_client/grpc_transport.h"
+#include "trainer_client/join.h"
 #if PSHARD_WITH_UCX
 #include "trainer_client/ucx_transport.h"
 #else
@@ -100,30 +101,6 @@ namespace {
 // Enough free buffers for a few prefetched units of each size.
 constexpr size_t kPooledBuffers = 8;
 
-absl::StatusOr<v1::JoinResponse> JoinOne(v1::ShardService::Stub* stub, const std::string& address,
-                                         int rank, const std::string& metrics_address, absl::Time deadline) {
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(5))));
-    ctx.set_wait_for_ready(true);  // the server may still be starting
-    v1::JoinRequest request;
-    request.set_trainer_rank(rank);
-    request.set_metrics_address(metrics_address);
-    v1::JoinResponse response;
-    grpc::Status s = stub->Join(&ctx, request, &response);
-    if (s.ok()) return response;
-    if (s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      return absl::Status(FromGrpcStatus(s).code(),
-                          absl::StrCat("join ", address, ": ", s.error_message()));
-    }
-    if (absl::Now() >= deadline) {
-      return absl::UnavailableError(
-          absl::StrCat("join ", address, ": no answer before the join deadline (", s.error_message(), ")"));
-    }
-  }
-}
-
 // Servers of one job are at the same step, or one apart for the moment a
 // step is being published. Waits (briefly) for them to agree; a lasting
 // difference means they were restored from checkpoints of different steps.
@@ -177,16 +154,28 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   std::unique_ptr<ShardClient> client(new ShardClient(options));
   const int n = static_cast<int>(options.server_addresses.size());
   client->shards_.resize(n);
-  const absl::Time deadline = absl::Now() + options.join_timeout;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  uint64_t fingerprint = 0;
-  bool first = true;
-  std::vector<int64_t> joined_steps(n, 0);
+  const grpc::ChannelArguments args = ServerChannelArguments(64 << 20);
+  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs;
+  JoinSpec join;
   for (const std::string& address : options.server_addresses) {
-    auto stub = v1::ShardService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-    ASSIGN_OR_RETURN(v1::JoinResponse joined, JoinOne(stub.get(), address, options.trainer_rank, options.metrics_address, deadline));
+    stubs.push_back(v1::ShardService::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    join.stubs.push_back(stubs.back().get());
+  }
+  join.addresses = options.server_addresses;
+  join.trainer_rank = options.trainer_rank;
+  join.metrics_address = options.metrics_address;
+  join.timeout = options.join_timeout;
+  join.resolve_grace = options.join_resolve_grace;
+  join.log_every = options.join_log_every;
+  join.log = options.join_log;
+  // Every answer is checked as it arrives: a server of another job ends the
+  // join at once, whatever the others are doing.
+  uint64_t fingerprint = 0;
+  std::optional<size_t> first;
+  std::vector<int64_t> joined_steps(n, 0);
+  join.accept = [&](size_t i, const v1::JoinResponse& joined) -> absl::Status {
+    const std::string& address = options.server_addresses[i];
     ASSIGN_OR_RETURN(JobConfig job, JobFromProto(joined.job()));
     if (job.num_shards != n) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -197,22 +186,24 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
       return absl::FailedPreconditionError(
           absl::StrCat(address, " reports shard index ", index, ", which is out of range or taken"));
     }
-    if (first) {
-      first = false;
+    if (!first) {
+      first = i;
       fingerprint = joined.job_fingerprint();
       client->job_ = job;
     } else if (joined.job_fingerprint() != fingerprint) {
       return absl::FailedPreconditionError(absl::StrCat(
-          address, " runs a different job from ", options.server_addresses[0],
+          address, " runs a different job from ", options.server_addresses[*first],
           " (model, optimizer, seed or counts differ)"));
     }
     joined_steps[index] = joined.current_step();
     client->shards_[index] = std::make_unique<Shard>();
     client->shards_[index]->address = address;
-    client->shards_[index]->stub = std::move(stub);
+    client->shards_[index]->stub = std::move(stubs[i]);
     client->shards_[index]->ucx_address = joined.ucx_address();
     client->shards_[index]->session_token = joined.session_token();
-  }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(JoinServers(join).status());
   {
     std::vector<v1::ShardService::Stub*> stubs;
     std::vector<std::string> addresses;

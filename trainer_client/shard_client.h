@@ -6,6 +6,7 @@
 #define PSHARD_TRAINER_CLIENT_SHARD_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,6 +80,12 @@ class ShardClient {
     int trainer_rank = 0;                       ///< -1 for tools that only read
     WireEncoding encoding = WireEncoding::kFp32;
     absl::Duration join_timeout = absl::Seconds(30);  ///< servers may still be starting
+    /// A server name that does not resolve for this long ends the join.
+    absl::Duration join_resolve_grace = absl::Minutes(1);
+    /// While joining, a line every this often names the servers waited for
+    /// and why; they go to `join_log` (empty: stderr).
+    absl::Duration join_log_every = absl::Seconds(5);
+    std::function<void(const std::string&)> join_log;
     absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
     int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
     LinkSpec link;  ///< emulated link to every server (default: none)
