@@ -9,17 +9,24 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 
 namespace pshard {
 namespace {
 
-constexpr char kMagic[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '1'};
+// Format 2 adds the schedule's end after the counts; format 1 files are
+// still read.
+constexpr char kMagic[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '2'};
+constexpr char kMagicV1[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '1'};
 // Guards against absurd lengths in a damaged file before allocating.
 constexpr int64_t kMaxLayoutBytes = 4096;
 constexpr int64_t kMaxUnits = 1 << 20;
@@ -87,7 +94,7 @@ absl::Status WriteAll(Writer& w, const CheckpointHeader& header, std::span<const
   for (const int32_t v : {header.shard_index, header.num_shards}) {
     if (absl::Status s = w.PutValue(v); !s.ok()) return s;
   }
-  for (const int64_t v : {header.step, header.applied_updates, header.skipped_steps}) {
+  for (const int64_t v : {header.step, header.applied_updates, header.skipped_steps, header.schedule_end}) {
     if (absl::Status s = w.PutValue(v); !s.ok()) return s;
   }
   if (absl::Status s = w.PutValue<int32_t>(static_cast<int32_t>(units.size())); !s.ok()) return s;
@@ -103,14 +110,57 @@ absl::Status WriteAll(Writer& w, const CheckpointHeader& header, std::span<const
   return absl::OkStatus();
 }
 
-// Parses "shard-<i>-of-<n>.step-<s>.ckpt"; the step, or nullopt.
-std::optional<int64_t> StepOfName(const std::string& name, int shard, int num_shards) {
-  const std::string prefix = absl::StrFormat("shard-%d-of-%d.step-", shard, num_shards);
-  if (!absl::StartsWith(name, prefix) || !absl::EndsWith(name, ".ckpt")) return std::nullopt;
-  const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
-  int64_t step = 0;
-  if (digits.empty() || !absl::SimpleAtoi(digits, &step) || step < 0) return std::nullopt;
-  return step;
+// Parses "shard-<i>-of-<n>.step-<s>.ckpt", or nullopt.
+std::optional<CheckpointFileEntry> ParseName(const std::string& name) {
+  if (!absl::StartsWith(name, "shard-") || !absl::EndsWith(name, ".ckpt")) return std::nullopt;
+  const std::string middle = name.substr(6, name.size() - 6 - 5);  // "<i>-of-<n>.step-<s>"
+  const size_t of = middle.find("-of-");
+  const size_t dot = middle.find(".step-");
+  if (of == std::string::npos || dot == std::string::npos || dot < of) return std::nullopt;
+  CheckpointFileEntry entry;
+  entry.name = name;
+  if (!absl::SimpleAtoi(middle.substr(0, of), &entry.shard) ||
+      !absl::SimpleAtoi(middle.substr(of + 4, dot - of - 4), &entry.num_shards) ||
+      !absl::SimpleAtoi(middle.substr(dot + 6), &entry.step) || entry.shard < 0 || entry.num_shards < 1 ||
+      entry.step < 0) {
+    return std::nullopt;
+  }
+  return entry;
+}
+
+// Reads the header fields after the magic.
+absl::StatusOr<CheckpointHeader> ReadHeader(Reader& r, const std::string& path) {
+  char magic[sizeof(kMagic)];
+  if (absl::Status s = r.Get(magic, sizeof(magic)); !s.ok()) return s;
+  const bool v1 = std::memcmp(magic, kMagicV1, sizeof(kMagic)) == 0;
+  if (!v1 && std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(path, " is not a pshard checkpoint (bad magic)"));
+  }
+  CheckpointHeader header;
+  absl::StatusOr<uint32_t> layout_len = r.GetValue<uint32_t>();
+  if (!layout_len.ok()) return layout_len.status();
+  if (*layout_len > kMaxLayoutBytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: layout description too long"));
+  }
+  header.layout.resize(*layout_len);
+  if (absl::Status s = r.Get(header.layout.data(), *layout_len); !s.ok()) return s;
+  for (int32_t* v : {&header.shard_index, &header.num_shards}) {
+    absl::StatusOr<int32_t> got = r.GetValue<int32_t>();
+    if (!got.ok()) return got.status();
+    *v = *got;
+  }
+  std::vector<int64_t*> counts = {&header.step, &header.applied_updates, &header.skipped_steps};
+  if (v1) {
+    header.schedule_end = -1;
+  } else {
+    counts.push_back(&header.schedule_end);
+  }
+  for (int64_t* v : counts) {
+    absl::StatusOr<int64_t> got = r.GetValue<int64_t>();
+    if (!got.ok()) return got.status();
+    *v = *got;
+  }
+  return header;
 }
 
 }  // namespace
@@ -119,19 +169,72 @@ std::string CheckpointFileName(int shard, int num_shards, int64_t step) {
   return absl::StrFormat("shard-%d-of-%d.step-%010d.ckpt", shard, num_shards, step);
 }
 
-std::vector<int64_t> ListCheckpointSteps(const std::string& dir, int shard, int num_shards) {
-  std::vector<int64_t> steps;
+std::vector<CheckpointFileEntry> ListCheckpointFiles(const std::string& dir) {
+  std::vector<CheckpointFileEntry> files;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (!entry.is_regular_file()) continue;
-    if (auto step = StepOfName(entry.path().filename().string(), shard, num_shards)) steps.push_back(*step);
+    if (auto file = ParseName(entry.path().filename().string())) files.push_back(std::move(*file));
   }
-  std::sort(steps.begin(), steps.end());
+  std::sort(files.begin(), files.end(), [](const CheckpointFileEntry& a, const CheckpointFileEntry& b) {
+    return std::tie(a.num_shards, a.shard, a.step) < std::tie(b.num_shards, b.shard, b.step);
+  });
+  return files;
+}
+
+std::vector<int64_t> ListCheckpointSteps(const std::string& dir, int shard, int num_shards) {
+  std::vector<int64_t> steps;
+  for (const CheckpointFileEntry& file : ListCheckpointFiles(dir)) {
+    if (file.shard == shard && file.num_shards == num_shards) steps.push_back(file.step);
+  }
   return steps;
 }
 
+absl::Status CheckFolderLayout(const std::string& dir, int num_shards, const std::string& layout) {
+  const std::vector<CheckpointFileEntry> files = ListCheckpointFiles(dir);
+  // The newest file of each shard count speaks for its job.
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (i + 1 < files.size() && files[i + 1].num_shards == files[i].num_shards) continue;
+    const std::string path = (std::filesystem::path(dir) / files[i].name).string();
+    absl::StatusOr<CheckpointHeader> header = ReadCheckpointHeader(path);
+    if (!header.ok()) return header.status();
+    if (files[i].num_shards == num_shards && header->layout == layout) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint folder ", dir, " holds checkpoints of another layout (", files[i].name, ": ", header->layout,
+        "); this server runs ", layout,
+        ". Use another --checkpoint_dir, or pass --start_fresh to move that folder's checkpoints into a "
+        "subfolder (nothing is deleted) and start from step 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> SetAsideCheckpoints(const std::string& dir, int shard, int num_shards) {
+  std::vector<CheckpointFileEntry> moved;
+  for (CheckpointFileEntry& file : ListCheckpointFiles(dir)) {
+    if (file.num_shards != num_shards || file.shard == shard) moved.push_back(std::move(file));
+  }
+  if (moved.empty()) return std::string();
+  const std::string aside =
+      (std::filesystem::path(dir) / absl::StrCat("set-aside-", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(),
+                                                                                absl::UTCTimeZone())))
+          .string();
+  std::error_code ec;
+  std::filesystem::create_directories(aside, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", aside, ": ", ec.message()));
+  for (const CheckpointFileEntry& file : moved) {
+    const std::filesystem::path from = std::filesystem::path(dir) / file.name;
+    std::filesystem::rename(from, std::filesystem::path(aside) / file.name, ec);
+    // Servers sharing the folder may set the same files aside at once.
+    if (ec && std::filesystem::exists(from)) {
+      return absl::InternalError(absl::StrCat("cannot move ", from.string(), " to ", aside, ": ", ec.message()));
+    }
+  }
+  return aside;
+}
+
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointHeader& header,
-                                            std::span<const CheckpointUnitView> units, int keep) {
+                                            std::span<const CheckpointUnitView> units, int keep,
+                                            int64_t protected_step) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create checkpoint folder ", dir, ": ", ec.message()));
@@ -165,7 +268,7 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   std::vector<int64_t> steps = ListCheckpointSteps(dir, header.shard_index, header.num_shards);
   const int surplus = static_cast<int>(steps.size()) - std::max(keep, 1);
   for (int i = 0; i < surplus; ++i) {
-    if (steps[i] == header.step) continue;
+    if (steps[i] == header.step || steps[i] == protected_step) continue;
     std::filesystem::remove(
         std::filesystem::path(dir) / CheckpointFileName(header.shard_index, header.num_shards, steps[i]), ec);
   }
@@ -178,29 +281,10 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   Reader r(f.get(), path);
   Checkpoint out;
   out.path = path;
-  char magic[sizeof(kMagic)];
-  if (absl::Status s = r.Get(magic, sizeof(magic)); !s.ok()) return s;
-  if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
-    return absl::DataLossError(absl::StrCat(path, " is not a pshard checkpoint (bad magic)"));
-  }
+  ASSIGN_OR_RETURN(out.header, ReadHeader(r, path));
   auto corrupt = [&](const std::string& what) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: ", what));
   };
-  absl::StatusOr<uint32_t> layout_len = r.GetValue<uint32_t>();
-  if (!layout_len.ok()) return layout_len.status();
-  if (*layout_len > kMaxLayoutBytes) return corrupt("layout description too long");
-  out.header.layout.resize(*layout_len);
-  if (absl::Status s = r.Get(out.header.layout.data(), *layout_len); !s.ok()) return s;
-  for (int32_t* v : {&out.header.shard_index, &out.header.num_shards}) {
-    absl::StatusOr<int32_t> got = r.GetValue<int32_t>();
-    if (!got.ok()) return got.status();
-    *v = *got;
-  }
-  for (int64_t* v : {&out.header.step, &out.header.applied_updates, &out.header.skipped_steps}) {
-    absl::StatusOr<int64_t> got = r.GetValue<int64_t>();
-    if (!got.ok()) return got.status();
-    *v = *got;
-  }
   absl::StatusOr<int32_t> num_units = r.GetValue<int32_t>();
   if (!num_units.ok()) return num_units.status();
   if (*num_units < 0 || *num_units > kMaxUnits) return corrupt("unit count out of range");
@@ -229,6 +313,13 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   if (stored != computed) return corrupt("CRC-32C mismatch");
   if (std::fgetc(f.get()) != EOF) return corrupt("trailing bytes after the checksum");
   return out;
+}
+
+absl::StatusOr<CheckpointHeader> ReadCheckpointHeader(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"));
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(errno)));
+  Reader r(f.get(), path);
+  return ReadHeader(r, path);
 }
 
 }  // namespace pshard

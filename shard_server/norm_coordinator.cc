@@ -1,5 +1,7 @@
 #include "shard_server/norm_coordinator.h"
 
+#include <algorithm>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -14,9 +16,14 @@ constexpr int64_t kRoundsKept = 4;
 
 StepNorm NormCoordinator::Sum(const Round& round) {
   StepNorm total;
+  total.checkpoint_steps = round.partials.front()->checkpoint_steps;
   for (const auto& p : round.partials) {
     total.total_sum_of_squares += p->total_sum_of_squares;
     total.non_finite = total.non_finite || p->non_finite;
+    std::vector<int64_t> common;
+    std::set_intersection(total.checkpoint_steps.begin(), total.checkpoint_steps.end(),
+                          p->checkpoint_steps.begin(), p->checkpoint_steps.end(), std::back_inserter(common));
+    total.checkpoint_steps = std::move(common);
   }
   return total;
 }

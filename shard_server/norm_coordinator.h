@@ -20,7 +20,12 @@
 
 namespace pshard {
 
-/// Collects partial norms per step. Thread-safe.
+/// A shard reports at most this many checkpoint steps per norm round (its
+/// newest ones).
+inline constexpr int kMaxReportedCheckpoints = 64;
+
+/// Collects partial norms per step; also intersects the shards' lists of
+/// checkpoint steps held on disk (each sorted). Thread-safe.
 class NormCoordinator {
  public:
   explicit NormCoordinator(int num_shards) : num_shards_(num_shards) {}

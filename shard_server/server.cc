@@ -1,12 +1,16 @@
 #include "shard_server/server.h"
 
 #include <atomic>
+#include <thread>
 #include <cstdio>
 
 #include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/optimizer.h"
 #include "absl/strings/str_join.h"
 #include "shard_server/checkpoint.h"
 #include "absl/synchronization/notification.h"
@@ -40,9 +44,31 @@ struct ShardServer::Impl {
   std::unique_ptr<StepDriver> driver;
   absl::Notification shutdown;
   bool stopped = false;
+  // Shards other than 0 announce where they serve until shard 0 has it.
+  absl::Notification stop_announcing;
+  std::thread announcer;
   std::string checkpoint_dir;
   int checkpoint_keep = 2;
   std::atomic<int64_t> saved_step{-1};  // the newest step on disk, -1: none
+  // This shard's checkpoint steps on disk, and the newest step every shard
+  // holds (learnt with each norm agreement).
+  absl::Mutex checkpoints_mu;
+  std::vector<int64_t> held_steps ABSL_GUARDED_BY(checkpoints_mu);
+  int64_t common_step ABSL_GUARDED_BY(checkpoints_mu) = -1;
+
+  // The partial to report: this shard's norm and the checkpoints it holds.
+  StepNorm WithHeldSteps(const StepNorm& partial) {
+    StepNorm out = partial;
+    absl::MutexLock lock(&checkpoints_mu);
+    const size_t skip = held_steps.size() > kMaxReportedCheckpoints ? held_steps.size() - kMaxReportedCheckpoints : 0;
+    out.checkpoint_steps.assign(held_steps.begin() + skip, held_steps.end());
+    return out;
+  }
+  void LearnCommonSteps(const StepNorm& agreed) {
+    if (agreed.checkpoint_steps.empty()) return;
+    absl::MutexLock lock(&checkpoints_mu);
+    common_step = std::max(common_step, agreed.checkpoint_steps.back());
+  }
 };
 
 namespace {
@@ -71,18 +97,77 @@ absl::StatusOr<StepNorm> AgreeRemotely(v1::ShardService::Stub* stub, const Shard
   report.set_sum_of_squares(partial.total_sum_of_squares);
   report.set_non_finite(partial.non_finite);
   report.set_job_fingerprint(fingerprint);
+  for (int64_t s : partial.checkpoint_steps) report.add_checkpoint_steps(s);
   v1::NormAgreement agreement;
   grpc::Status s = stub->AgreeNorm(&ctx, report, &agreement);
   if (!s.ok()) {
     return absl::Status(FromGrpcStatus(s).code(),
                         absl::StrCat("norm agreement with the coordinator (shard 0): ", s.error_message()));
   }
-  return StepNorm{agreement.total_sum_of_squares(), agreement.non_finite()};
+  StepNorm agreed{agreement.total_sum_of_squares(), agreement.non_finite()};
+  agreed.checkpoint_steps.assign(agreement.common_checkpoint_steps().begin(),
+                                 agreement.common_checkpoint_steps().end());
+  return agreed;
+}
+
+// Tells shard 0 where this shard serves; retries (shard 0 may start later)
+// until it is told, refused, or `stop` is notified.
+void Announce(v1::ShardService::Stub* coordinator, int shard, int port, const std::string& advertised,
+              uint64_t fingerprint, absl::Notification& stop) {
+  v1::AnnounceRequest request;
+  request.set_shard_index(shard);
+  request.set_port(port);
+  request.set_advertised_address(advertised);
+  request.set_job_fingerprint(fingerprint);
+  do {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::AnnounceResponse response;
+    const grpc::Status s = coordinator->Announce(&ctx, request, &response);
+    if (s.ok()) return;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE && s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      std::fprintf(stderr, "pshard-server: shard %d: shard 0 refused this shard's address: %s\n", shard,
+                   s.error_message().c_str());
+      return;
+    }
+  } while (!stop.WaitForNotificationWithTimeout(absl::Seconds(1)));
+}
+
+std::string Lr(double lr) { return absl::StrFormat("%.3g", lr); }
+
+// A resume onto another end of the learning-rate schedule: refused unless
+// asked for; when asked for, the note says what changes.
+absl::StatusOr<std::string> CheckScheduleEnd(const Checkpoint& checkpoint, const ShardServer::Spec& spec) {
+  const int64_t was = checkpoint.header.schedule_end;
+  const OptimizerConfig& now = spec.job.optimizer;
+  if (was < 0 || was == now.total_steps) return std::string();  // unknown (first format), or the same
+  OptimizerConfig before = now;
+  before.total_steps = was;
+  const int64_t step = checkpoint.header.step;
+  const std::string change = absl::StrCat(
+      "the checkpoint's job ends its learning-rate schedule at step ", was, ", this server at step ",
+      now.total_steps, ": at step ", step, " the learning rate would be ", Lr(LearningRateAt(now, step)),
+      " instead of ", Lr(LearningRateAt(before, step)));
+  if (!spec.allow_schedule_change) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", checkpoint.path, ": ", change, ". Keep --total_steps=", was,
+        " (pshard local: --schedule_steps=", was,
+        ") to go on at the schedule's final rate, or pass --allow_schedule_change to re-stretch the schedule"));
+  }
+  return absl::StrCat("schedule re-stretched (--allow_schedule_change): ", change);
 }
 
 // Restores the newest checkpoint of this shard (or `resume_step`'s); the
 // path restored, "" when there is none to restore.
-absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServer::Spec& spec) {
+absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServer::Spec& spec,
+                                              std::vector<std::string>& notes) {
+  if (spec.start_fresh) {
+    ASSIGN_OR_RETURN(const std::string aside,
+                     SetAsideCheckpoints(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards));
+    if (!aside.empty()) notes.push_back(absl::StrCat("--start_fresh: earlier checkpoints moved to ", aside));
+    return std::string();
+  }
+  RETURN_IF_ERROR(CheckFolderLayout(spec.checkpoint_dir, spec.job.num_shards, state.LayoutDescription()));
   const std::vector<int64_t> steps = ListCheckpointSteps(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards);
   int64_t step = -1;
   if (spec.resume_step >= 0) {
@@ -104,7 +189,9 @@ absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServ
   if (checkpoint.header.step != step) {
     return absl::DataLossError(absl::StrCat("checkpoint ", path, " says step ", checkpoint.header.step));
   }
+  ASSIGN_OR_RETURN(const std::string schedule_note, CheckScheduleEnd(checkpoint, spec));
   RETURN_IF_ERROR(state.RestoreCheckpoint(std::move(checkpoint)));
+  if (!schedule_note.empty()) notes.push_back(schedule_note);
   return path;
 }
 
@@ -126,16 +213,26 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint interval ", spec.checkpoint_every, " and count kept ",
                                                    spec.checkpoint_keep, ": need interval >= 0, count >= 1"));
   }
-  if (spec.checkpoint_dir.empty() && spec.resume_step >= 0) {
-    return absl::InvalidArgumentError("a resume step needs a checkpoint folder");
+  if (spec.checkpoint_dir.empty() && (spec.resume_step >= 0 || spec.start_fresh)) {
+    return absl::InvalidArgumentError("a resume step or a fresh start needs a checkpoint folder");
+  }
+  if (spec.resume_step >= 0 && spec.start_fresh) {
+    return absl::InvalidArgumentError("a resume step and a fresh start exclude each other");
   }
   ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   impl.checkpoint_keep = spec.checkpoint_keep;
   if (!spec.checkpoint_dir.empty()) {
-    ASSIGN_OR_RETURN(server->restored_from_, RestoreFromFolder(*server->state_, spec));
-    if (!server->restored_from_.empty()) impl.saved_step = server->state_->current_step();
+    ASSIGN_OR_RETURN(server->restored_from_, RestoreFromFolder(*server->state_, spec, server->start_notes_));
+    absl::MutexLock lock(&impl.checkpoints_mu);
+    impl.held_steps = ListCheckpointSteps(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards);
+    if (!server->restored_from_.empty()) {
+      impl.saved_step = server->state_->current_step();
+      // Trainers refuse servers at different steps, so a job that trains
+      // on from here has every shard at this step.
+      impl.common_step = server->state_->current_step();
+    }
   }
   std::vector<std::string> transports = {"grpc"};
   if (PSHARD_WITH_UCX && spec.enable_ucx) transports.push_back("ucx");
@@ -158,6 +255,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
   options.tokens = &impl.tokens;
+  options.coordinator_address = spec.coordinator_address;
+  options.own_address = spec.advertise_address;
 #if PSHARD_WITH_UCX
   if (spec.enable_ucx) {
     UcxService::Options ucx_options;
@@ -190,18 +289,28 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
 
   StepDriver::AgreeFn agree;
   if (impl.coordinator) {
-    agree = [coordinator = impl.coordinator.get()](int64_t step, const StepNorm& partial,
-                                                    absl::Time deadline) {
-      return AgreeLocally(coordinator, step, partial, deadline);
+    agree = [&impl](int64_t step, const StepNorm& partial, absl::Time deadline) -> absl::StatusOr<StepNorm> {
+      ASSIGN_OR_RETURN(StepNorm agreed, AgreeLocally(impl.coordinator.get(), step, impl.WithHeldSteps(partial),
+                                                     deadline));
+      impl.LearnCommonSteps(agreed);
+      return agreed;
     };
   } else {
     impl.coordinator_stub = v1::ShardService::NewStub(
         grpc::CreateChannel(spec.coordinator_address, grpc::InsecureChannelCredentials()));
-    agree = [stub = impl.coordinator_stub.get(), state = server->state_.get(),
-             fingerprint = JobFingerprint(spec.job)](int64_t step, const StepNorm& partial,
-                                                      absl::Time deadline) {
-      return AgreeRemotely(stub, *state, fingerprint, step, partial, deadline);
+    agree = [&impl, state = server->state_.get(), fingerprint = JobFingerprint(spec.job)](
+                int64_t step, const StepNorm& partial, absl::Time deadline) -> absl::StatusOr<StepNorm> {
+      ASSIGN_OR_RETURN(StepNorm agreed, AgreeRemotely(impl.coordinator_stub.get(), *state, fingerprint, step,
+                                                      impl.WithHeldSteps(partial), deadline));
+      impl.LearnCommonSteps(agreed);
+      return agreed;
     };
+  }
+  if (!impl.coordinator) {
+    impl.announcer = std::thread([&impl, shard = spec.shard_index, port = server->port_,
+                                  advertised = spec.advertise_address, fingerprint = JobFingerprint(spec.job)] {
+      Announce(impl.coordinator_stub.get(), shard, port, advertised, fingerprint, impl.stop_announcing);
+    });
   }
   StepDriver::AfterStepFn after_step;
   if (!spec.checkpoint_dir.empty() && spec.checkpoint_every > 0) {
@@ -225,7 +334,12 @@ void ShardServer::SaveCheckpoint() {
   // Step 0 is the seed's initialisation: nothing to keep.
   if (impl.checkpoint_dir.empty() || step == 0 || impl.saved_step.load() == step) return;
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::string> path = state_->SaveCheckpoint(impl.checkpoint_dir, impl.checkpoint_keep);
+  int64_t protected_step = -1;
+  {
+    absl::MutexLock lock(&impl.checkpoints_mu);
+    protected_step = impl.common_step;
+  }
+  absl::StatusOr<std::string> path = state_->SaveCheckpoint(impl.checkpoint_dir, impl.checkpoint_keep, protected_step);
   if (!path.ok()) {
     // Training goes on; the previous checkpoints stay.
     std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", state_->shard_index(),
@@ -233,6 +347,10 @@ void ShardServer::SaveCheckpoint() {
     return;
   }
   impl.saved_step = step;
+  {
+    absl::MutexLock lock(&impl.checkpoints_mu);
+    impl.held_steps = ListCheckpointSteps(impl.checkpoint_dir, state_->shard_index(), state_->job().num_shards);
+  }
   if (impl.metrics) {
     impl.metrics->checkpoint_step.Set(static_cast<double>(step));
     impl.metrics->checkpoint_write_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
@@ -240,6 +358,11 @@ void ShardServer::SaveCheckpoint() {
   std::fprintf(stderr, "pshard-server: shard %d: checkpoint of step %lld written to %s (%.0f ms)\n",
                state_->shard_index(), static_cast<long long>(step), path->c_str(),
                absl::ToDoubleMilliseconds(absl::Now() - start));
+}
+
+int64_t ShardServer::common_checkpoint_step() const {
+  absl::MutexLock lock(&impl_->checkpoints_mu);
+  return impl_->common_step;
 }
 
 int ShardServer::metrics_port() const {
@@ -261,6 +384,8 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
   impl_->driver.reset();  // no step is being applied from here on
+  impl_->stop_announcing.Notify();
+  if (impl_->announcer.joinable()) impl_->announcer.join();
   SaveCheckpoint();
   if (impl_->service) impl_->service->StopWaiting();
   if (impl_->server) {  // absent when Start failed part-way

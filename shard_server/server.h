@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -22,6 +23,10 @@ class ShardServer {
     std::string address = "127.0.0.1:0";  ///< port 0 picks a free port
     /// Address of shard 0 (the norm coordinator); empty on shard 0 itself.
     std::string coordinator_address;
+    /// host:port at which others reach this server, announced to shard 0
+    /// so that tools given one server find the others; empty: the address
+    /// shard 0 sees this server's calls come from, with its port.
+    std::string advertise_address;
     absl::Duration fetch_wait_limit = absl::Seconds(120);
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
@@ -40,6 +45,15 @@ class ShardServer {
     int checkpoint_keep = 2;
     /// Restore exactly this step's checkpoint (-1: the newest, if any).
     int64_t resume_step = -1;
+    /// Start from step 0 even when the folder holds checkpoints: those this
+    /// shard would read or overwrite, and those of other shard counts, are
+    /// moved into a subfolder first (nothing is deleted). Without it, a
+    /// folder of another layout is refused.
+    bool start_fresh = false;
+    /// Resume from a checkpoint whose job ended its learning-rate schedule
+    /// at another step than `job.optimizer.total_steps` (the schedule is
+    /// re-stretched to the new end; without it such a resume is refused).
+    bool allow_schedule_change = false;
   };
 
   /// Builds the state, binds, and starts serving and stepping.
@@ -62,6 +76,12 @@ class ShardServer {
   void Wait();
   /// The checkpoint restored at start ("" when the state was initialised).
   const std::string& restored_from() const { return restored_from_; }
+  /// What starting did with the checkpoint folder that a user should know
+  /// (checkpoints set aside, a schedule re-stretched), one line each.
+  const std::vector<std::string>& start_notes() const { return start_notes_; }
+  /// The newest step whose checkpoint every shard of the job is known to
+  /// hold (-1: none known); retention keeps it.
+  int64_t common_checkpoint_step() const;
   /// Stops serving: in-flight calls are cancelled after `grace`; with a
   /// checkpoint folder, the state is written there unless it already is.
   void Shutdown(absl::Duration grace = absl::Seconds(1));
@@ -74,6 +94,7 @@ class ShardServer {
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
   std::string restored_from_;
+  std::vector<std::string> start_notes_;
   std::string host_;
 };
 

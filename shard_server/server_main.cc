@@ -20,6 +20,9 @@ ABSL_FLAG(int, shard_index, 0, "this server's shard, 0..num_shards-1");
 ABSL_FLAG(int, num_shards, 1, "N: shard servers in the job");
 ABSL_FLAG(int, num_trainers, 1, "M: trainers whose gradients are reduced each step");
 ABSL_FLAG(std::string, coordinator, "", "host:port of shard 0 (required on other shards)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port others reach this server at, told to shard 0 so that `pshard status` given one server "
+          "finds the rest (default: the address shard 0 sees this server's calls from, and its port)");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
 ABSL_FLAG(int, d_model, 128, "model width");
 ABSL_FLAG(int, heads, 4, "attention heads");
@@ -51,6 +54,12 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(int64_t, checkpoint_every, 0, "write a checkpoint every this many steps (0: only at shutdown)");
 ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard");
 ABSL_FLAG(int64_t, resume_step, -1, "restore this step's checkpoint instead of the newest (-1: newest)");
+ABSL_FLAG(bool, start_fresh, false,
+          "start from step 0 even if --checkpoint_dir holds checkpoints: the ones this shard would read or "
+          "overwrite, and those of other shard counts, are first moved into a subfolder (nothing is deleted)");
+ABSL_FLAG(bool, allow_schedule_change, false,
+          "resume from a checkpoint of a job whose --total_steps differed: the cosine schedule is re-stretched "
+          "to the new end (the learning rate jumps); without it such a resume is refused");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
 
 int main(int argc, char** argv) {
@@ -84,6 +93,7 @@ int main(int argc, char** argv) {
   spec.shard_index = absl::GetFlag(FLAGS_shard_index);
   spec.address = absl::GetFlag(FLAGS_address);
   spec.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  spec.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   spec.fetch_wait_limit = absl::GetFlag(FLAGS_fetch_wait_limit);
   spec.enable_ucx = absl::GetFlag(FLAGS_ucx);
   spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
@@ -93,6 +103,8 @@ int main(int argc, char** argv) {
   spec.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   spec.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   spec.resume_step = absl::GetFlag(FLAGS_resume_step);
+  spec.start_fresh = absl::GetFlag(FLAGS_start_fresh);
+  spec.allow_schedule_change = absl::GetFlag(FLAGS_allow_schedule_change);
 
   absl::StatusOr<std::unique_ptr<pshard::ShardServer>> server = pshard::ShardServer::Start(spec);
   if (!server.ok()) {
@@ -107,6 +119,9 @@ int main(int argc, char** argv) {
                spec.shard_index, spec.job.num_shards, running->address().c_str(), running->metrics_port(),
                static_cast<long long>(running->state().layout().spec.TotalParameters()),
                counters.state_bytes / 1048576.0);
+  for (const std::string& note : running->start_notes()) {
+    std::fprintf(stderr, "pshard-server: shard %d: %s\n", spec.shard_index, note.c_str());
+  }
   if (!running->restored_from().empty()) {
     std::fprintf(stderr, "pshard-server: shard %d resumed at step %lld from %s\n", spec.shard_index,
                  static_cast<long long>(running->state().current_step()), running->restored_from().c_str());

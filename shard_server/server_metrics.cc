@@ -23,7 +23,8 @@ metrics::Gauge& StateBytes(metrics::Registry& r, int shard, const char* kind) {
 
 constexpr const char* kReasonNames[kNumRejectReasons] = {"unknown_unit", "stale",  "future_step", "bad_request",
                                                          "wait_timeout", "cancelled",   "other"};
-constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "AgreeNorm", "GetStatus", "ReadMaster", "Rendezvous"};
+constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "AgreeNorm", "GetStatus", "ReadMaster", "Rendezvous",
+                                                       "Announce"};
 
 }  // namespace
 

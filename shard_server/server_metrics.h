@@ -18,8 +18,8 @@ enum class RejectReason { kUnknownUnit, kStale, kFutureStep, kBadRequest, kWaitT
 inline constexpr int kNumRejectReasons = 7;
 
 /// RPC methods (a bounded label).
-enum class RpcMethod { kJoin, kFetch, kPush, kAgreeNorm, kGetStatus, kReadMaster, kRendezvous };
-inline constexpr int kNumRpcMethods = 7;
+enum class RpcMethod { kJoin, kFetch, kPush, kAgreeNorm, kGetStatus, kReadMaster, kRendezvous, kAnnounce };
+inline constexpr int kNumRpcMethods = 8;
 
 /// Every metric a shard server exports, bound to its shard. Thread-safe.
 class ServerMetrics {

@@ -211,7 +211,12 @@ ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinat
       coordinator_(coordinator),
       metrics_(metrics),
       options_(options),
-      fingerprint_(JobFingerprint(state->job())) {}
+      fingerprint_(JobFingerprint(state->job())) {
+  if (coordinator_ != nullptr) {
+    shard_addresses_.resize(state->job().num_shards);
+    shard_addresses_[0] = options_.own_address;
+  }
+}
 
 absl::Time ShardServiceImpl::WaitDeadline(const grpc::CallbackServerContext* ctx,
                                           absl::Duration limit) {
@@ -291,7 +296,17 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
                 absl::InvalidArgumentError(absl::StrCat("shard index ", request->shard_index(), " is out of range")));
     return reactor;
   }
+  if (request->checkpoint_steps_size() > kMaxReportedCheckpoints ||
+      !std::is_sorted(request->checkpoint_steps().begin(), request->checkpoint_steps().end())) {
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::InvalidArgumentError(absl::StrCat("shard ", request->shard_index(), " reports ",
+                                                        request->checkpoint_steps_size(),
+                                                        " checkpoint steps: need at most ", kMaxReportedCheckpoints,
+                                                        ", ascending")));
+    return reactor;
+  }
   StepNorm partial{request->sum_of_squares(), request->non_finite()};
+  partial.checkpoint_steps.assign(request->checkpoint_steps().begin(), request->checkpoint_steps().end());
   const int64_t step = request->step();
   coordinator_->Report(step, request->shard_index(), partial, WaitDeadline(ctx, options_.norm_wait_limit),
                        [this, reactor, response, step, start](absl::StatusOr<StepNorm> total) {
@@ -299,6 +314,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
                            response->set_step(step);
                            response->set_total_sum_of_squares(total->total_sum_of_squares);
                            response->set_non_finite(total->non_finite);
+                           for (int64_t s : total->checkpoint_steps) response->add_common_checkpoint_steps(s);
                          }
                          FinishUnary(reactor, RpcMethod::kAgreeNorm, start, total.status());
                        });
@@ -325,8 +341,48 @@ grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContex
       t->set_metrics_address(address);
     }
   }
+  if (coordinator_ != nullptr) {
+    absl::MutexLock lock(&shards_mu_);
+    for (const std::string& a : shard_addresses_) response->add_shard_addresses(a);
+  }
+  response->set_coordinator_address(options_.coordinator_address);
   auto* reactor = ctx->DefaultReactor();
   FinishUnary(reactor, RpcMethod::kGetStatus, start, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::Announce(grpc::CallbackServerContext* ctx,
+                                                     const v1::AnnounceRequest* request, v1::AnnounceResponse*) {
+  const absl::Time start = absl::Now();
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status refused;
+  if (coordinator_ == nullptr) {
+    refused = absl::FailedPreconditionError(
+        absl::StrCat("shard ", state_->shard_index(), " is not the coordinator (shard 0 is)"));
+  } else if (request->job_fingerprint() != fingerprint_) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "shard ", request->shard_index(), " runs a different job (model, optimizer, seed or counts differ)"));
+  } else if (request->shard_index() <= 0 || request->shard_index() >= state_->job().num_shards) {
+    refused = absl::InvalidArgumentError(absl::StrCat("shard index ", request->shard_index(), " is out of range"));
+  } else if (request->port() <= 0 || request->port() > 65535 || request->advertised_address().size() > 256) {
+    refused = absl::InvalidArgumentError("announced port or address out of range");
+  }
+  std::string address = request->advertised_address();
+  if (refused.ok() && address.empty()) {
+    // ctx->peer() is "ipv4:10.0.0.5:40312" or "ipv6:[fd00::5]:40312".
+    const std::string peer = ctx->peer();
+    const size_t kind = peer.find(':'), port = peer.rfind(':');
+    if (kind == std::string::npos || port == kind) {
+      refused = absl::InvalidArgumentError(absl::StrCat("cannot tell the announcing shard's host from \"", peer, "\""));
+    } else {
+      address = absl::StrCat(peer.substr(kind + 1, port - kind - 1), ":", request->port());
+    }
+  }
+  if (refused.ok()) {
+    absl::MutexLock lock(&shards_mu_);
+    shard_addresses_[request->shard_index()] = address;
+  }
+  FinishUnary(reactor, RpcMethod::kAnnounce, start, refused);
   return reactor;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "proto/shard.grpc.pb.h"
@@ -27,6 +28,10 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
     std::string metrics_address;                           ///< reported by GetStatus
     std::string ucx_address;  ///< JoinResponse.ucx_address: the UCX worker's; empty: no UCX
     SessionTokens* tokens = nullptr;  ///< issues JoinResponse.session_token; not owned, required
+    /// Where this shard reaches shard 0 (empty on shard 0), and the address
+    /// shard 0 gives for itself in GetStatus (its listening address).
+    std::string coordinator_address;
+    std::string own_address;
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
@@ -43,6 +48,8 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* ctx,
                                       const v1::StatusRequest* request,
                                       v1::StatusResponse* response) override;
+  grpc::ServerUnaryReactor* Announce(grpc::CallbackServerContext* ctx, const v1::AnnounceRequest* request,
+                                      v1::AnnounceResponse* response) override;
   grpc::ServerUnaryReactor* ReadMaster(grpc::CallbackServerContext* ctx,
                                        const v1::ReadMasterRequest* request,
                                        v1::ReadMasterResponse* response) override;
@@ -72,6 +79,8 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
   absl::Mutex joined_mu_;
   std::map<int, std::string> joined_ ABSL_GUARDED_BY(joined_mu_);  // rank -> metrics address
   RendezvousTable rendezvous_;
+  absl::Mutex shards_mu_;
+  std::vector<std::string> shard_addresses_ ABSL_GUARDED_BY(shards_mu_);  // shard 0: as announced
 };
 
 }  // namespace pshard

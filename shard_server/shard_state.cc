@@ -336,9 +336,11 @@ std::string ShardState::LayoutDescription() const {
                       " alignment=", job_.slice_alignment);
 }
 
-absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep) const {
+absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep,
+                                                       int64_t protected_step) const {
   CheckpointHeader header;
   header.layout = LayoutDescription();
+  header.schedule_end = job_.optimizer.total_steps;
   header.shard_index = shard_index_;
   header.num_shards = job_.num_shards;
   {
@@ -358,7 +360,7 @@ absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, i
     }
     views.push_back(CheckpointUnitView{unit->master, unit->m, unit->v});
   }
-  return WriteCheckpoint(dir, header, views, keep);
+  return WriteCheckpoint(dir, header, views, keep, protected_step);
 }
 
 absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {

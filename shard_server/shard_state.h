@@ -54,6 +54,9 @@ struct StepNorm {
   double total_sum_of_squares = 0.0;
   bool non_finite = false;
   std::string non_finite_source;  ///< where this shard saw one (local, not agreed)
+  /// Partial: the steps whose checkpoint this shard holds on disk, sorted;
+  /// agreed: the steps every shard holds.
+  std::vector<int64_t> checkpoint_steps;
 };
 
 /// A callback that runs at most once, whichever of publish, deadline or
@@ -129,8 +132,9 @@ class ShardState {
   /// restores only onto the same.
   std::string LayoutDescription() const;
   /// Writes this shard's master slices and moments at the current step into
-  /// `dir`, keeping the newest `keep` checkpoints; returns the file's path.
-  absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep) const;
+  /// `dir`, keeping the newest `keep` checkpoints and `protected_step` (see
+  /// WriteCheckpoint); returns the file's path.
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep, int64_t protected_step = -1) const;
   /// Replaces the state with a checkpoint's (same shard, shard count and
   /// layout, or an error that names what differs and changes nothing).
   absl::Status RestoreCheckpoint(Checkpoint checkpoint);

@@ -4,8 +4,11 @@
 // different steps fails with an error that says so.
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shard_server/checkpoint.h"
@@ -80,6 +83,44 @@ TEST(CheckpointFile, KeepsOnlyTheNewest) {
   EXPECT_EQ(ListCheckpointSteps(dir, 0, 2), (std::vector<int64_t>{6, 8}));
   EXPECT_EQ(ListCheckpointSteps(dir, 1, 2), (std::vector<int64_t>{2}));
   EXPECT_TRUE(ListCheckpointSteps(dir + "/absent", 0, 2).empty());
+}
+
+TEST(CheckpointFile, RetentionKeepsTheNewestCommonStep) {
+  const std::string dir = FreshDir("protected");
+  std::vector<float> w = {1.0f};
+  const CheckpointUnitView views[] = {{w, w, w}};
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 2, 4, 4, 0}, views, 1).ok());
+  // Step 4 is the newest step every shard holds: writing 6 and 7 keeps it.
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 2, 6, 6, 0}, views, 1, /*protected_step=*/4).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 2, 7, 7, 0}, views, 1, /*protected_step=*/4).ok());
+  EXPECT_EQ(ListCheckpointSteps(dir, 0, 2), (std::vector<int64_t>{4, 7}));
+  // Once 7 is common, 4 goes.
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 2, 8, 8, 0}, views, 1, /*protected_step=*/7).ok());
+  EXPECT_EQ(ListCheckpointSteps(dir, 0, 2), (std::vector<int64_t>{7, 8}));
+}
+
+TEST(CheckpointFile, FolderListingFindsEveryShardCountAndIgnoresOtherFiles) {
+  const std::string dir = FreshDir("listing");
+  std::vector<float> w = {1.0f};
+  const CheckpointUnitView views[] = {{w, w, w}};
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 2, 3, 5, 5, 0}, views, 2).ok());
+  ASSERT_TRUE(WriteCheckpoint(dir, CheckpointHeader{"x", 0, 4, 9, 9, 0}, views, 2).ok());
+  for (const char* junk : {"notes.txt", "shard-1-of-x.step-3.ckpt", "shard-1-of-2.step-.ckpt",
+                           "shard-0-of-4.step-0000000009.ckpt.partial"}) {
+    WriteBytes((std::filesystem::path(dir) / junk).string(), {'x'});
+  }
+  const std::vector<CheckpointFileEntry> files = ListCheckpointFiles(dir);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].name, CheckpointFileName(2, 3, 5));
+  EXPECT_EQ(files[0].shard, 2);
+  EXPECT_EQ(files[0].num_shards, 3);
+  EXPECT_EQ(files[0].step, 5);
+  EXPECT_EQ(files[1].name, CheckpointFileName(0, 4, 9));
+  absl::StatusOr<CheckpointHeader> header =
+      ReadCheckpointHeader((std::filesystem::path(dir) / files[1].name).string());
+  ASSERT_TRUE(header.ok()) << header.status();
+  EXPECT_EQ(header->step, 9);
+  EXPECT_EQ(header->num_shards, 4);
 }
 
 TEST(CheckpointFile, DamageIsDetected) {
@@ -228,6 +269,95 @@ TEST(CheckpointResume, ShardsAtDifferentStepsAreReportedToTrainers) {
   EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(client.status().message(), HasSubstr("different steps"));
   EXPECT_THAT(client.status().message(), HasSubstr("--resume_step"));
+}
+
+// Names and modification times of everything under `dir`.
+std::map<std::string, std::filesystem::file_time_type> FolderContents(const std::string& dir) {
+  std::map<std::string, std::filesystem::file_time_type> out;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    out[entry.path().lexically_relative(dir).string()] = entry.last_write_time();
+  }
+  return out;
+}
+
+// Trains a 3-shard job to step 2 with checkpoints in `dir`.
+void LeaveThreeShardCheckpoints(const std::string& dir) {
+  auto cluster = LocalCluster::Start(TinyGptJob(3, 1, kTotalSteps), WithCheckpoints(dir, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(Train(**cluster, 1, 0, 2).ok());
+  ASSERT_TRUE((*cluster)->ReadMasterWeights(2).ok());
+}
+
+TEST(CheckpointFolder, AnotherShardCountIsRefusedNamingBothLayoutsAndNothingIsWritten) {
+  const std::string dir = FreshDir("other_n");
+  LeaveThreeShardCheckpoints(dir);
+  const auto before = FolderContents(dir);
+  ASSERT_FALSE(before.empty());
+  auto refused = LocalCluster::Start(TinyGptJob(4, 1, kTotalSteps), WithCheckpoints(dir, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("holds checkpoints of another layout"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("shards=3"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("this server runs layers=2"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("shards=4"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("another --checkpoint_dir"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--start_fresh"));
+  EXPECT_EQ(FolderContents(dir), before);
+}
+
+TEST(CheckpointFolder, StartingFreshSetsTheOldCheckpointsAsideAndDeletesNothing) {
+  const std::string dir = FreshDir("fresh");
+  LeaveThreeShardCheckpoints(dir);
+  const size_t old_files = ListCheckpointFiles(dir).size();
+  ASSERT_EQ(old_files, 6u);  // steps 1 and 2 of three shards
+  LocalCluster::Options options = WithCheckpoints(dir, 1);
+  options.start_fresh = true;
+  auto fresh = LocalCluster::Start(TinyGptJob(4, 1, kTotalSteps), options);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ((*fresh)->server(s).state().current_step(), 0);
+    EXPECT_TRUE((*fresh)->server(s).restored_from().empty());
+  }
+  EXPECT_THAT((*fresh)->server(0).start_notes().front(), HasSubstr("moved to " + dir + "/set-aside-"));
+  EXPECT_TRUE(ListCheckpointFiles(dir).empty());
+  size_t aside = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.is_directory()) aside += ListCheckpointFiles(entry.path().string()).size();
+  }
+  EXPECT_EQ(aside, old_files);
+}
+
+TEST(CheckpointResume, MovingTheScheduleEndIsRefusedUnlessAskedFor) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("schedule");
+  {
+    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
+  }
+  const auto before = FolderContents(dir);
+  JobConfig longer = job;
+  longer.optimizer.total_steps = 3 * kTotalSteps;
+  auto refused = LocalCluster::Start(longer, WithCheckpoints(dir, 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("ends its learning-rate schedule at step ",
+                                                                 kTotalSteps, ", this server at step ",
+                                                                 3 * kTotalSteps)));
+  EXPECT_THAT(refused.status().message(), HasSubstr("--allow_schedule_change"));
+  EXPECT_EQ(FolderContents(dir), before);
+
+  LocalCluster::Options allow = WithCheckpoints(dir, 1);
+  allow.allow_schedule_change = true;
+  auto restretched = LocalCluster::Start(longer, allow);
+  ASSERT_TRUE(restretched.ok()) << restretched.status();
+  EXPECT_EQ((*restretched)->server(1).state().current_step(), 3);
+  ASSERT_EQ((*restretched)->server(1).start_notes().size(), 1u);
+  EXPECT_THAT((*restretched)->server(1).start_notes()[0], HasSubstr("schedule re-stretched"));
+  EXPECT_THAT((*restretched)->server(1).start_notes()[0],
+              HasSubstr(absl::StrFormat("the learning rate would be %.3g instead of %.3g",
+                                        LearningRateAt(longer.optimizer, 3), LearningRateAt(job.optimizer, 3))));
 }
 
 }  // namespace

@@ -20,6 +20,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.checkpoint_dir = options.checkpoint_dir;
     spec.checkpoint_every = options.checkpoint_every;
     spec.resume_step = options.resume_step;
+    spec.checkpoint_keep = options.checkpoint_keep;
+    spec.start_fresh = options.start_fresh;
+    spec.allow_schedule_change = options.allow_schedule_change;
     ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
     cluster->servers_.push_back(std::move(server));
   }

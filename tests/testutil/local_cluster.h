@@ -26,6 +26,9 @@ class LocalCluster {
     std::string checkpoint_dir;   ///< shared by the shards (file names differ)
     int64_t checkpoint_every = 0;
     int64_t resume_step = -1;
+    int checkpoint_keep = 2;
+    bool start_fresh = false;
+    bool allow_schedule_change = false;
   };
   /// Starts shard 0 (the coordinator) and then shards 1..N-1.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job, Options options);
