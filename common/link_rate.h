@@ -12,6 +12,12 @@ namespace pshard {
 /// Bytes per second (0: unlimited); units are case-insensitive.
 absl::StatusOr<double> ParseLinkRate(const std::string& text);
 
+/// How a rate that ParseLinkRate accepts is read, in bits and in bytes per
+/// second: "100mbit = 100 Mbit/s = 12.5 MB/s". A rate given in a bytes unit
+/// (tc's "bps" family) adds a warning that it is 8x what the same digits in
+/// bits would be. "no limit" for 0 or "".
+absl::StatusOr<std::string> DescribeLinkRate(const std::string& text);
+
 }  // namespace pshard
 
 #endif  // PSHARD_COMMON_LINK_RATE_H_

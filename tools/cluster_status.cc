@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -168,6 +169,8 @@ ShardServerStatus QueryServer(const std::string& address, absl::Duration timeout
   s.waiting_for = response.waiting_for();
   s.metrics_address = response.metrics_address();
   for (const v1::JoinedTrainer& t : response.joined_trainers()) s.joined_trainers[t.rank()] = t.metrics_address();
+  s.shard_addresses.assign(response.shard_addresses().begin(), response.shard_addresses().end());
+  s.coordinator_address = response.coordinator_address();
   return s;
 }
 
@@ -281,7 +284,46 @@ absl::Status ReadTrainerStatus(const MetricsText& page, TrainerStatus* status) {
   status->step = static_cast<int64_t>(step);
   status->tokens_per_second = wall > 0 ? tokens / wall : 0.0;
   status->comm_exposed_fraction = wall > 0 ? exposed / wall : 0.0;
+  status->settings.clear();
+  for (const MetricsText::Sample& sample : page.samples) {
+    if (sample.name != "pshard_trainer_config_info") continue;
+    std::vector<std::string> words;
+    for (const auto& [key, value] : sample.labels) {
+      if (key != "rank") words.push_back(absl::StrCat(key, "=", value));
+    }
+    status->settings = absl::StrJoin(words, " ");
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> DiscoverShardAddresses(const std::string& address,
+                                                                absl::Duration timeout) {
+  ShardServerStatus first = QueryServer(address, timeout);
+  RETURN_IF_ERROR(first.error);
+  std::string coordinator = address;
+  ShardServerStatus zero = std::move(first);
+  if (zero.shard != 0) {
+    coordinator = zero.coordinator_address;
+    const int asked = zero.shard;
+    zero = QueryServer(coordinator, timeout);
+    if (!zero.error.ok()) {
+      return absl::Status(zero.error.code(), absl::StrCat(address, " is shard ", asked, "; its shard 0 at ",
+                                                          coordinator, " did not answer: ", zero.error.message()));
+    }
+  }
+  std::vector<std::string> addresses = zero.shard_addresses;
+  if (addresses.empty()) return absl::InternalError(absl::StrCat(coordinator, " (shard 0) lists no shards"));
+  addresses[0] = coordinator;  // as reachable from here
+  std::vector<int> unknown;
+  for (size_t s = 0; s < addresses.size(); ++s) {
+    if (addresses[s].empty()) unknown.push_back(static_cast<int>(s));
+  }
+  if (!unknown.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard 0 (", coordinator, ") does not know where shard(s) ", absl::StrJoin(unknown, ", "),
+        " serve yet (each tells it at start); give every address with --servers=host:port,..."));
+  }
+  return addresses;
 }
 
 ClusterStatus QueryClusterStatus(const std::vector<std::string>& servers, absl::Duration timeout) {
@@ -339,7 +381,14 @@ std::string FormatClusterStatus(const ClusterStatus& status) {
                         absl::StrFormat("%.1f", 100.0 * t.comm_exposed_fraction), absl::StrFormat("%.3f", t.loss),
                         absl::StrFormat("%.3f", t.grad_norm), ""});
   }
-  return absl::StrCat(out, "\n", AlignedTable(trainers));
+  absl::StrAppend(&out, "\n", AlignedTable(trainers));
+  bool first = true;
+  for (const TrainerStatus& t : status.trainers) {
+    if (t.settings.empty()) continue;
+    absl::StrAppend(&out, first ? "\n" : "", "trainer ", t.rank, " settings: ", t.settings, "\n");
+    first = false;
+  }
+  return out;
 }
 
 }  // namespace pshard

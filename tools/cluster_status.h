@@ -58,6 +58,10 @@ struct ShardServerStatus {
   std::string waiting_for;
   std::string metrics_address;  ///< its /metrics endpoint; empty if none
   std::map<int, std::string> joined_trainers;  ///< rank -> the trainer's /metrics endpoint
+  /// Shard 0 only: every shard's address as announced ("" where unknown).
+  std::vector<std::string> shard_addresses;
+  /// The other shards: where they reach shard 0.
+  std::string coordinator_address;
 };
 
 /// One trainer, read from its /metrics endpoint.
@@ -70,6 +74,9 @@ struct TrainerStatus {
   double comm_exposed_fraction = 0.0;  ///< exposed comm / step wall time, since start
   double loss = 0.0;
   double grad_norm = 0.0;
+  /// Its run settings (pshard_trainer_config_info's labels but rank), as
+  /// "key=value" words; empty when the trainer does not export them.
+  std::string settings;
 };
 
 struct ClusterStatus {
@@ -81,6 +88,12 @@ struct ClusterStatus {
 
 /// Reads a trainer's row from its scraped page. Errors name the missing sample.
 absl::Status ReadTrainerStatus(const MetricsText& page, TrainerStatus* status);
+
+/// Every shard's address in shard order, found from any one server of the
+/// job (`address`): shard 0 lists what the shards announced to it, and the
+/// other shards name shard 0. An error names what is missing.
+absl::StatusOr<std::vector<std::string>> DiscoverShardAddresses(const std::string& address,
+                                                                absl::Duration timeout);
 
 /// Calls GetStatus on every server and scrapes every trainer they list, all
 /// in parallel, each with `timeout`. Never fails: what did not answer is

@@ -19,6 +19,28 @@ namespace {
 
 std::atomic<int> g_signal{0};
 
+// Copies what a child appends to its log onto this process's stdout, as
+// `tail -f` would.
+class LogFollower {
+ public:
+  explicit LogFollower(std::string path) : path_(std::move(path)) {}
+  void Pump() {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return;
+    in.seekg(offset_);
+    char buffer[1 << 14];
+    while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+      std::fwrite(buffer, 1, static_cast<size_t>(in.gcount()), stdout);
+      offset_ += in.gcount();
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  const std::string path_;
+  std::streamoff offset_ = 0;
+};
+
 std::string Tail(const std::string& path, size_t max_bytes = 2000) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -154,6 +176,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     topology_flag = absl::StrCat("--topology=", path);
   }
   std::vector<std::string> logs;
+  // Every trainer writes to its log in the run folder; trainer 0's is also
+  // followed onto this process's output.
+  LogFollower trainer0(absl::StrCat(spec.run_dir, "/trainer0.log"));
   for (int r = 0; r < spec.num_trainers; ++r) {
     const std::string metrics = MetricsAddress(spec.metrics_port_base, 100 + r);
     std::vector<std::string> argv = {trainer_bin, absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
@@ -162,7 +187,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);
     if (r != 0) argv.push_back("--log_every=0");
-    logs.push_back(r == 0 ? std::string() : absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
+    logs.push_back(absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());
     if (!child.ok()) return fail(child.status());
     trainers.push_back(std::move(*child));
@@ -176,6 +201,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
 
   // Watch: all trainers done is success; any failure or a signal stops all.
   while (true) {
+    trainer0.Pump();
     if (g_signal != 0) {
       std::printf("\npshard: interrupted; stopping trainers and servers\n");
       std::fflush(stdout);
@@ -190,9 +216,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
         continue;
       }
       if (*code != 0) {
-        const std::string where = r == 0 ? std::string("its output above") : logs[r];
-        return fail(absl::InternalError(absl::StrCat("trainer ", r, " exited with code ", *code, " (see ",
-                                                     where, ")", r == 0 ? "" : "\n", r == 0 ? "" : Tail(logs[r]))));
+        trainer0.Pump();
+        return fail(absl::InternalError(absl::StrCat("trainer ", r, " exited with code ", *code, " (see ", logs[r],
+                                                     ")", r == 0 ? "" : "\n", r == 0 ? "" : Tail(logs[r]))));
       }
     }
     for (int s = 0; s < spec.num_servers; ++s) {
@@ -205,6 +231,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     if (all_done) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
+  trainer0.Pump();
   StopAll(servers, absl::Seconds(10));
   for (int s = 0; s < spec.num_servers; ++s) {
     if (servers[s].Poll().value_or(-1) != 0) {

@@ -37,8 +37,9 @@ std::string LocalTopology(const std::vector<std::string>& server_addresses, int 
 std::string LocalPrometheusConfig(const std::vector<std::string>& server_targets,
                                   const std::vector<std::string>& trainer_targets);
 
-/// Runs the job to completion. Trainer 0 writes to this process's output;
-/// the others and the servers write to logs in run_dir. Returns an error
+/// Runs the job to completion. Every server and trainer writes to its log
+/// in run_dir (serverS.log, trainerR.log); trainer 0's log is also copied
+/// to this process's output as it grows. Returns an error
 /// naming the process that failed (with the tail of its log).
 absl::Status RunLocalCluster(const LocalClusterSpec& spec);
 

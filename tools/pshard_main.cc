@@ -16,14 +16,22 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/link_rate.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
 
 // `local` reads it as N, `status` as a list of addresses.
 ABSL_FLAG(std::string, servers, "4",
-          "local: N, shard server processes; status: comma-separated gRPC addresses (host:port) of the shard servers");
+          "local: N, shard server processes; status: the gRPC address (host:port) of one shard server of the job, "
+          "or of all of them, comma-separated");
 ABSL_FLAG(int, trainers, 2, "M: trainer processes");
-ABSL_FLAG(int64_t, steps, 300, "training steps");
+ABSL_FLAG(int64_t, steps, 300, "train until this step");
+ABSL_FLAG(int64_t, schedule_steps, 0,
+          "end of the cosine learning-rate decay (0: --steps); keep it when resuming with a larger --steps to go "
+          "on at the final rate");
+ABSL_FLAG(bool, allow_schedule_change, false,
+          "resume from checkpoints of a job whose schedule ended elsewhere, re-stretching the schedule");
 ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
@@ -53,6 +61,15 @@ ABSL_FLAG(int, fabric_group_size, 1,
           "all-gathers and reduce-scatters over TCP, and pushes once); 1: no groups");
 ABSL_FLAG(std::string, checkpoint_dir, "", "servers write checkpoints here (and resume from the newest)");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "servers checkpoint every this many steps (0: only at shutdown)");
+ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard (and always the newest step every shard holds)");
+ABSL_FLAG(int64_t, resume_step, -1, "servers restore this step's checkpoints instead of the newest (-1: newest)");
+ABSL_FLAG(bool, start_fresh, false,
+          "start from step 0 even if --checkpoint_dir holds checkpoints (they are moved into a subfolder)");
+ABSL_FLAG(std::string, link_rate, "",
+          "emulated bandwidth of each trainer-server link, tc units: 100mbit, 1gbit (bits) or 20mbps (bytes!) "
+          "(default: $PSHARD_LINK_RATE, else none)");
+ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
+ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
 ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
@@ -68,6 +85,34 @@ std::string SelfDir() {
   if (n <= 0) return ".";
   std::string path(buf, n);
   return path.substr(0, path.rfind('/'));
+}
+
+// A flag's value, or the environment variable's when the flag is empty.
+std::string FlagOrEnv(const std::string& flag, const char* env) {
+  if (!flag.empty()) return flag;
+  const char* value = std::getenv(env);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+// Checks the emulated link settings before anything starts and says how
+// they are read; the trainer flags that carry them.
+absl::StatusOr<std::vector<std::string>> LinkFlags() {
+  const std::string rate = FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE");
+  const std::string delay = FlagOrEnv(absl::GetFlag(FLAGS_link_delay), "PSHARD_LINK_DELAY");
+  const std::string jitter = FlagOrEnv(absl::GetFlag(FLAGS_link_jitter), "PSHARD_LINK_JITTER");
+  absl::StatusOr<std::string> described = pshard::DescribeLinkRate(rate);
+  if (!described.ok()) return described.status();
+  for (const auto& [name, text] : {std::pair{"delay", delay}, std::pair{"jitter", jitter}}) {
+    absl::Duration d;
+    if (!text.empty() && (!absl::ParseDuration(text, &d) || d < absl::ZeroDuration())) {
+      return absl::InvalidArgumentError(absl::StrCat("--link_", name, "=", text, " is not a duration such as 5ms"));
+    }
+  }
+  if (rate.empty() && delay.empty() && jitter.empty()) return std::vector<std::string>();
+  std::printf("pshard: emulated link between every trainer and every server: rate %s, delay %s, jitter %s\n",
+              described->c_str(), delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
+  return std::vector<std::string>{absl::StrCat("--link_rate=", rate), absl::StrCat("--link_delay=", delay),
+                                  absl::StrCat("--link_jitter=", jitter)};
 }
 
 int RunLocal() {
@@ -89,6 +134,11 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: --attention=%s: expected auto, fused or materialized\n", attention.c_str());
     return 2;
   }
+  absl::StatusOr<std::vector<std::string>> link_flags = LinkFlags();
+  if (!link_flags.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(link_flags.status().message()).c_str());
+    return 2;
+  }
   spec.num_trainers = absl::GetFlag(FLAGS_trainers);
   spec.bin_dir = absl::GetFlag(FLAGS_bin_dir).empty() ? SelfDir() : absl::GetFlag(FLAGS_bin_dir);
   spec.run_dir = absl::GetFlag(FLAGS_run_dir);
@@ -102,6 +152,7 @@ int RunLocal() {
     spec.run_dir = tmpl;
   }
   const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t schedule_steps = absl::GetFlag(FLAGS_schedule_steps) > 0 ? absl::GetFlag(FLAGS_schedule_steps) : steps;
   spec.server_flags = {
       absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
       absl::StrCat("--d_model=", absl::GetFlag(FLAGS_d_model)),
@@ -111,13 +162,17 @@ int RunLocal() {
       absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
       absl::StrCat("--min_lr=", absl::GetFlag(FLAGS_min_lr)),
       absl::StrCat("--warmup_steps=", absl::GetFlag(FLAGS_warmup_steps)),
-      absl::StrCat("--total_steps=", steps),
+      absl::StrCat("--total_steps=", schedule_steps),
       absl::StrCat("--grad_clip=", absl::GetFlag(FLAGS_grad_clip)),
       absl::StrCat("--weight_decay=", absl::GetFlag(FLAGS_weight_decay)),
       absl::StrCat("--micro_batches=", absl::GetFlag(FLAGS_micro_batches)),
       absl::StrCat("--accumulate_on_trainer=", absl::GetFlag(FLAGS_accumulate_on_trainer) ? "true" : "false"),
       absl::StrCat("--checkpoint_dir=", absl::GetFlag(FLAGS_checkpoint_dir)),
       absl::StrCat("--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every)),
+      absl::StrCat("--checkpoint_keep=", absl::GetFlag(FLAGS_checkpoint_keep)),
+      absl::StrCat("--resume_step=", absl::GetFlag(FLAGS_resume_step)),
+      absl::StrCat("--start_fresh=", absl::GetFlag(FLAGS_start_fresh) ? "true" : "false"),
+      absl::StrCat("--allow_schedule_change=", absl::GetFlag(FLAGS_allow_schedule_change) ? "true" : "false"),
   };
   spec.fabric_group_size = absl::GetFlag(FLAGS_fabric_group_size);
   spec.trainer_flags = {
@@ -133,6 +188,7 @@ int RunLocal() {
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
   };
+  spec.trainer_flags.insert(spec.trainer_flags.end(), link_flags->begin(), link_flags->end());
   absl::Status s = pshard::RunLocalCluster(spec);
   if (absl::IsCancelled(s)) return 130;
   if (!s.ok()) {
@@ -144,10 +200,26 @@ int RunLocal() {
 
 // Prints the job's table; exits 1 when a server or trainer did not answer.
 int RunStatus() {
-  const std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   if (servers.empty() || absl::c_any_of(servers, [](const std::string& s) { return s.find(':') == s.npos; })) {
-    std::fprintf(stderr, "pshard status: give the shard servers as --servers=host:port,host:port,...\n");
+    std::fprintf(stderr,
+                 "pshard status: give one shard server of the job (--servers=host:port) or all of them "
+                 "(--servers=host:port,host:port,...)\n");
     return 2;
+  }
+  if (servers.size() == 1) {
+    absl::StatusOr<std::vector<std::string>> all =
+        pshard::DiscoverShardAddresses(servers[0], absl::GetFlag(FLAGS_timeout));
+    if (all.ok()) {
+      servers = std::move(*all);
+    } else {
+      // The table still shows the one server, UP or DOWN.
+      std::fprintf(stderr, "pshard status: cannot find the rest of the job from %s: %s\n", servers[0].c_str(),
+                   std::string(all.status().message()).c_str());
+      const pshard::ClusterStatus one = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout));
+      std::fputs(pshard::FormatClusterStatus(one).c_str(), stdout);
+      return 1;
+    }
   }
   const pshard::ClusterStatus status = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout));
   std::fputs(pshard::FormatClusterStatus(status).c_str(), stdout);

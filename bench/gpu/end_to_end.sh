@@ -48,9 +48,9 @@ half=$(( steps / 2 ))
   --accumulate_on_trainer --fetch_once_per_step --steps="$steps" --log_every="$half" --warmup_steps=2 \
   --lr=6e-4 --min_lr=6e-5 --device=cuda "${extra[@]}" > "$out/pshard.log" 2>&1 ||
   { echo "end_to_end.sh: the pshard run failed, see $out/pshard.log" >&2; exit 1; }
-# "step 12/12 | loss 2.345 | 123.4k tok/s | ..." of the last window.
+# "step 12/12 | loss 2.345 | 123.4k tok/s (cluster) | ..." of the last window.
 pshard_rate=$(grep -E '^step [0-9]+/[0-9]+ \|' "$out/pshard.log" | tail -1 |
-  awk -F'|' '{ r = $3; gsub(/ tok\/s| /, "", r); m = 1
+  awk -F'|' '{ r = $3; gsub(/ tok\/s \(cluster\)| /, "", r); m = 1
                if (r ~ /k$/) { m = 1e3; sub(/k$/, "", r) } else if (r ~ /M$/) { m = 1e6; sub(/M$/, "", r) }
                printf "%.0f", r * m }')
 grep -E '^(pshard:|step |trainer 0 summary|  time:|  per step:)' "$out/pshard.log"

@@ -57,7 +57,7 @@ inline int CountProcessesMentioning(const std::string& needle) {
 
 inline std::vector<double> Losses(const std::string& output) {
   std::vector<double> losses;
-  std::regex line(R"(step (\d+)/(\d+) \| loss ([0-9.]+) \| [0-9.kM]+ tok/s \| compute \d+ ms \| comm \d+ ms \(exposed \d+ ms\))");
+  std::regex line(R"(step (\d+)/(\d+) \| loss ([0-9.]+) \| [0-9.kM]+ tok/s \(cluster\) \| compute \d+ ms \| comm \d+ ms \(exposed \d+ ms\))");
   for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it) {
     losses.push_back(std::stod((*it)[3]));
   }

@@ -3,10 +3,15 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_util.h"
 
@@ -29,6 +34,9 @@ TEST(LocalClusterE2E, TrainsAndShutsDownCleanly) {
   EXPECT_NE(out.find("trainer 0 summary: 60 steps"), std::string::npos) << out;
   EXPECT_NE(out.find("unigram entropy"), std::string::npos) << out;
   EXPECT_NE(out.find("3 shard servers shut down cleanly"), std::string::npos) << out;
+  // Every trainer's output is in the run folder; trainer 0's was also shown.
+  EXPECT_NE(ReadFile(run_dir + "/trainer0.log").find("trainer 0 summary: 60 steps"), std::string::npos);
+  EXPECT_NE(ReadFile(run_dir + "/trainer1.log").find("pshard-trainer 1: metrics on"), std::string::npos);
   for (int s = 0; s < 3; ++s) {
     EXPECT_NE(ReadFile(absl::StrCat(run_dir, "/server", s, ".log")).find("shutting down at step 60"),
               std::string::npos);
@@ -121,6 +129,102 @@ TEST(LocalClusterE2E, FetchOncePerStepNeedsAccumulationOnTheTrainer) {
 
 TEST(LocalClusterE2E, BadFlagsGiveAClearError) {
   ExpectRefused({"--servers=2", "--trainers=1", "--d_model=30", "--heads=4"}, 1, "not divisible by heads");
+}
+
+TEST(LocalClusterE2E, LinkFlagsAreTakenAndARateInBytesIsFlagged) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--steps=2", "--layers=1", "--d_model=32",
+                                       "--heads=2", "--context=16", "--seq_len=16", "--log_every=1",
+                                       "--link_rate=50mbps", "--link_delay=1ms"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(3));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << out;
+  EXPECT_EQ(*code, 0) << out;
+  EXPECT_NE(out.find("rate 50mbps = 400 Mbit/s = 50 MB/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("8x 50mbit"), std::string::npos) << out;
+  // The trainers got the link: their startup line says so.
+  EXPECT_NE(out.find("links 400.0 Mbit/s, 1ms latency"), std::string::npos) << out;
+}
+
+TEST(LocalClusterE2E, ABadLinkRateIsRefusedBeforeStarting) {
+  ExpectRefused({"--servers=2", "--trainers=1", "--link_rate=fast"}, 2, "link rate 'fast' is not a number");
+  ExpectRefused({"--servers=2", "--trainers=1", "--link_delay=soon"}, 2, "--link_delay=soon is not a duration");
+}
+
+// Steps of shard `shard` of `num_shards` whose checkpoint is in `dir`.
+std::vector<int64_t> CheckpointSteps(const std::string& dir, int shard, int num_shards) {
+  std::vector<int64_t> steps;
+  const std::regex name(absl::StrCat("shard-", shard, "-of-", num_shards, R"(\.step-(\d+)\.ckpt)"));
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) steps.push_back(std::stoll(m[1]));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// The pid of a process whose command line holds every one of `needles`.
+std::optional<pid_t> FindProcess(const std::vector<std::string>& needles) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = entry.path().filename();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = ReadFile((entry.path() / "cmdline").string());
+    if (std::all_of(needles.begin(), needles.end(), [&](const std::string& n) { return cmd.find(n) != cmd.npos; })) {
+      return static_cast<pid_t>(std::stoi(pid));
+    }
+  }
+  return std::nullopt;
+}
+
+// With one checkpoint kept per shard, a shard killed mid-run must not make
+// the survivors' shutdown checkpoints delete the last step every shard has:
+// the job resumes from it.
+TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
+  const std::string run_dir = MakeRunDir();
+  const std::string ckpt = run_dir + "/ckpt";
+  const std::vector<std::string> job = {"--servers=2", "--trainers=1", "--layers=1", "--d_model=32", "--heads=2",
+                                        "--context=16", "--seq_len=16", "--log_every=1",
+                                        absl::StrCat("--checkpoint_dir=", ckpt), "--checkpoint_every=2",
+                                        "--checkpoint_keep=1", "--schedule_steps=1000"};
+  std::vector<std::string> flags = job;
+  flags.push_back("--steps=1000");
+  auto launcher = StartLocal(run_dir, flags);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).size() < 7 && absl::Now() < deadline) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::optional<pid_t> shard1 = FindProcess({"pshard-server", "--shard_index=1", run_dir});
+  ASSERT_TRUE(shard1.has_value());
+  kill(*shard1, SIGKILL);
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
+  ASSERT_TRUE(code.has_value()) << ReadFile(run_dir + "/launcher.log");
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(ReadFile(run_dir + "/launcher.log").find("shard server 1 exited early"), std::string::npos);
+
+  const std::vector<int64_t> steps0 = CheckpointSteps(ckpt, 0, 2), steps1 = CheckpointSteps(ckpt, 1, 2);
+  std::vector<int64_t> common;
+  std::set_intersection(steps0.begin(), steps0.end(), steps1.begin(), steps1.end(), std::back_inserter(common));
+  ASSERT_FALSE(common.empty()) << "shard 0 holds " << ::testing::PrintToString(steps0) << ", shard 1 "
+                               << ::testing::PrintToString(steps1);
+  EXPECT_GE(common.back(), 4);
+
+  const std::string resumed_dir = MakeRunDir();
+  flags = job;
+  flags.push_back(absl::StrCat("--steps=", common.back() + 3));
+  flags.push_back(absl::StrCat("--resume_step=", common.back()));
+  auto resumed = StartLocal(resumed_dir, flags);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  code = resumed->WaitUntil(absl::Now() + absl::Minutes(2));
+  const std::string out = ReadFile(resumed_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << out;
+  EXPECT_EQ(*code, 0) << out;
+  EXPECT_EQ(Losses(out).size(), 3u) << out;
+  EXPECT_NE(ReadFile(resumed_dir + "/server1.log").find(absl::StrCat("resumed at step ", common.back())),
+            std::string::npos);
 }
 
 }  // namespace

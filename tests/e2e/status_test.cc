@@ -189,6 +189,26 @@ TEST(StatusE2E, ShowsEveryShardAndTrainerOfARunningJob) {
     EXPECT_TRUE(absl::SimpleAtod(row[4], &tokens_per_second) && tokens_per_second > 0) << status.output;
   }
 
+  // Each trainer's run settings are shown.
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_NE(status.output.find(absl::StrCat("trainer ", rank, " settings: accumulation=per_micro_batch "
+                                              "device=cpu encoding=bf16 fabric_group_size=1 link=unshaped "
+                                              "micro_batches=1 prefetch=1 recompute=false transport=")),
+              std::string::npos)
+        << status.output;
+  }
+
+  // Given any one server, the tool finds the others through shard 0.
+  for (const std::string& one : servers) {
+    const CommandResult from_one = RunCommand(StatusCommand({one}));
+    EXPECT_EQ(from_one.exit_code, 0) << from_one.output;
+    std::map<std::string, std::string> found;
+    for (auto& row : TableRows(from_one.output, "shard")) found[row[0]] = row[1];
+    EXPECT_EQ(found, (std::map<std::string, std::string>{{"0", servers[0]}, {"1", servers[1]}}))
+        << from_one.output;
+    EXPECT_EQ(TableRows(from_one.output, "rank").size(), 2u) << from_one.output;
+  }
+
   launcher->Signal(SIGINT);
   std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Seconds(60));
   ASSERT_TRUE(code.has_value()) << ReadFile(run_dir + "/launcher.log");
