@@ -26,14 +26,9 @@
 #include "trainer_client/peak_flops.h"
 #include "trainer_client/route_plan.h"
 #include "trainer_client/socket_group.h"
-#if PSHARD_WITH_NCCL
-#include "trainer_client/nccl_group.h"
-#endif
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
-#if PSHARD_WITH_CUDA
-#include "trainer_client/model/cuda/cuda_unit_model.h"
-#endif
+#include "trainer_client/gpu_plugin.h"
 
 ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
 ABSL_FLAG(int, rank, 0, "this trainer's rank, 0..M-1");
@@ -101,12 +96,11 @@ std::string Rate(double per_second) {
 // The rate MFU is measured against: a CPU model's measured sgemm rate, a
 // GPU's datasheet bf16 rate.
 double PeakFlops(const pshard::UnitModel& model, const std::string& device) {
-#if PSHARD_WITH_CUDA
   if (model.DeviceName() != "cpu") {
     const absl::StatusOr<int> index = pshard::CudaDeviceIndex(device);
-    return index.ok() ? pshard::CudaPeakBf16Flops(*index) : 0.0;
+    const absl::StatusOr<const pshard::GpuPlugin*> gpu = pshard::LoadGpuPlugin();  // loaded: the model runs on it
+    return index.ok() && gpu.ok() ? (*gpu)->peak_bf16_flops(*index) : 0.0;
   }
-#endif
   return pshard::MeasureSgemmFlops();
 }
 
@@ -127,6 +121,9 @@ int Run() {
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   copts.transport = absl::GetFlag(FLAGS_transport);
+  copts.join_log = [rank = copts.trainer_rank](const std::string& line) {
+    std::fprintf(stderr, "pshard-trainer %d: %s\n", rank, line.c_str());
+  };
   absl::StatusOr<pshard::LinkSpec> link =
       pshard::LinkSpec::Parse(FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"),
                               FlagOrEnv(absl::GetFlag(FLAGS_link_delay), "PSHARD_LINK_DELAY"),
@@ -213,12 +210,17 @@ int Run() {
     if (const std::string backend = absl::GetFlag(FLAGS_group_backend); backend == "tcp") {
       joined = pshard::JoinSocketGroup(absl::GetFlag(FLAGS_group_host), member, size, rendezvous, copts.rpc_timeout);
     } else if (backend == "nccl") {
-#if PSHARD_WITH_NCCL
-      absl::StatusOr<int> index = pshard::CudaDeviceIndex(absl::GetFlag(FLAGS_device));
-      joined = index.ok() ? pshard::JoinNcclGroup(member, size, *index, rendezvous) : index.status();
-#else
-      joined = absl::FailedPreconditionError("--group_backend=nccl needs a build with -DPSHARD_WITH_NCCL=ON");
-#endif
+      const absl::StatusOr<int> index = pshard::CudaDeviceIndex(absl::GetFlag(FLAGS_device));
+      const absl::StatusOr<const pshard::GpuPlugin*> gpu = pshard::LoadGpuPlugin();
+      if (!index.ok()) {
+        joined = index.status();
+      } else if (!gpu.ok()) {
+        joined = absl::Status(gpu.status().code(), absl::StrCat("--group_backend=nccl: ", gpu.status().message()));
+      } else if ((*gpu)->join_nccl_group == nullptr) {
+        joined = absl::FailedPreconditionError("--group_backend=nccl needs a build with -DPSHARD_WITH_NCCL=ON");
+      } else {
+        joined = (*gpu)->join_nccl_group(member, size, *index, rendezvous);
+      }
     } else {
       joined = absl::InvalidArgumentError(absl::StrCat("--group_backend=", backend, ": expected tcp or nccl"));
     }
@@ -252,6 +254,21 @@ int Run() {
   const pshard::ModelMemory memory = model.Memory();
   metrics.SetModelMemory(memory);
   const pshard::JobConfig& job = (*client)->job();
+  {
+    pshard::TrainerSettings settings;
+    settings.prefetch = topts.prefetch_depth;
+    settings.encoding = std::string(pshard::WireEncodingName(*encoding));
+    settings.device = model.DeviceName() == "cpu" ? "cpu" : "cuda";
+    settings.transport = (*client)->transport_name(0);
+    settings.link = copts.link.ToString();
+    settings.micro_batches = job.micro_batches;
+    settings.accumulation = topts.fetch_once_per_step  ? "fetch_once_per_step"
+                            : job.accumulate_on_trainer ? "on_trainer"
+                                                        : "per_micro_batch";
+    settings.recompute = topts.recompute_blocks;
+    settings.fabric_group_size = static_cast<int>(std::max<size_t>(1, fabric_group.size()));
+    metrics.SetSettings(settings);
+  }
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int log_every = absl::GetFlag(FLAGS_log_every);
@@ -312,7 +329,8 @@ int Run() {
     ++window_steps;
     if (log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       const double tokens = static_cast<double>(r->tokens) * job.num_trainers * window_steps;
-      std::printf("step %lld/%lld | loss %.3f | %s tok/s | compute %s | comm %s (exposed %s)\n",
+      // The job's rate: this trainer's, times the trainers (they run in step).
+      std::printf("step %lld/%lld | loss %.3f | %s tok/s (cluster) | compute %s | comm %s (exposed %s)\n",
                   static_cast<long long>(step + 1), static_cast<long long>(steps), r->loss,
                   Rate(tokens / absl::ToDoubleSeconds(window.wall)).c_str(),
                   Ms(window.compute / window_steps).c_str(), Ms(window.comm_busy / window_steps).c_str(),

@@ -74,6 +74,8 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       weight_buffer_bytes_(ModelMemoryGauge(r, rank, "weights")),
       gradient_buffer_bytes_(ModelMemoryGauge(r, rank, "gradients")),
       device_bytes_(ModelMemoryGauge(r, rank, "device")),
+      registry_(r),
+      rank_(rank),
       peak_flops_(peak_flops) {
   r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
       .Add({{"version", PSHARD_VERSION}, {"role", "trainer"}, {"transport", transport}, {"device", device}})
@@ -109,6 +111,25 @@ void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
   weight_buffer_bytes_.Set(static_cast<double>(memory.weights));
   gradient_buffer_bytes_.Set(static_cast<double>(memory.gradients));
   device_bytes_.Set(static_cast<double>(memory.device));
+}
+
+void TrainerMetrics::SetSettings(const TrainerSettings& s) {
+  Labels labels = Rank(rank_);
+  labels["prefetch"] = absl::StrCat(s.prefetch);
+  labels["encoding"] = s.encoding;
+  labels["device"] = s.device;
+  labels["transport"] = s.transport;
+  labels["link"] = s.link;
+  labels["micro_batches"] = absl::StrCat(s.micro_batches);
+  labels["accumulation"] = s.accumulation;
+  labels["recompute"] = s.recompute ? "true" : "false";
+  labels["fabric_group_size"] = absl::StrCat(s.fabric_group_size);
+  registry_
+      .AddGauge("pshard_trainer_config_info",
+                "Run settings of this trainer as labels (value 1): prefetch, encoding, device, transport, link, "
+                "micro_batches, accumulation, recompute, fabric_group_size.")
+      .Add(labels)
+      .Set(1);
 }
 
 }  // namespace pshard

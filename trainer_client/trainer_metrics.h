@@ -9,6 +9,21 @@
 
 namespace pshard {
 
+/// How a trainer runs, exported as the labels of
+/// pshard_trainer_config_info (one series per trainer) so that runs can be
+/// told apart on a dashboard.
+struct TrainerSettings {
+  int prefetch = 1;
+  std::string encoding;      ///< wire encoding: fp32, bf16
+  std::string device;        ///< cpu, cuda
+  std::string transport;     ///< grpc, ucx (shard 0's link)
+  std::string link;          ///< emulated link, e.g. "100 Mbit/s 2ms" or "none"
+  int micro_batches = 1;
+  std::string accumulation;  ///< per_micro_batch, on_trainer, fetch_once_per_step
+  bool recompute = false;
+  int fabric_group_size = 1;
+};
+
 /// Every metric a trainer exports, bound to its rank. Names follow
 /// Prometheus conventions (pshard_ prefix, base units, _total counters);
 /// docs/metrics.md describes each. Thread-safe (the metrics are).
@@ -22,6 +37,8 @@ class TrainerMetrics {
   void RecordStep(const StepReport& report);
   /// The model's memory by kind (see ModelMemory).
   void SetModelMemory(const ModelMemory& memory);
+  /// Publishes pshard_trainer_config_info for these settings (once).
+  void SetSettings(const TrainerSettings& settings);
 
  private:
   metrics::Counter& phase_compute_;
@@ -44,6 +61,8 @@ class TrainerMetrics {
   metrics::Gauge& weight_buffer_bytes_;
   metrics::Gauge& gradient_buffer_bytes_;
   metrics::Gauge& device_bytes_;
+  metrics::Registry& registry_;
+  const int rank_;
   const double peak_flops_;
 };
 

@@ -1,4 +1,5 @@
-// The trainer's choice of model: the CPU GPT, or the CUDA one where built.
+// The trainer's choice of model: the CPU GPT, or the CUDA one from the GPU
+// plugin.
 #include "trainer_client/model/unit_model.h"
 
 #include <algorithm>
@@ -9,11 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/reduction_tree.h"
 #include "common/status_macros.h"
-#include "pshard/config.h"
+#include "trainer_client/gpu_plugin.h"
 #include "trainer_client/model/gpt.h"
-#if PSHARD_WITH_CUDA
-#include "trainer_client/model/cuda/cuda_unit_model.h"
-#endif
 
 namespace pshard {
 namespace {
@@ -125,14 +123,13 @@ absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec
   if (device == "cpu") return CreateCpu(spec, options);
   const absl::StatusOr<int> index = CudaDeviceIndex(device);
   if (!index.ok()) return index.status();
-#if PSHARD_WITH_CUDA
-  if (device == "auto" && CudaDeviceCount() == 0) return CreateCpu(spec, options);
-  return CudaUnitModel::Create(spec, options, *index);
-#else
-  if (device == "auto") return CreateCpu(spec, options);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "device \"", device, "\" was asked for but this build has no CUDA (configure with -DPSHARD_WITH_CUDA=ON)"));
-#endif
+  const absl::StatusOr<const GpuPlugin*> gpu = LoadGpuPlugin();
+  if (device == "auto" && (!gpu.ok() || (*gpu)->device_count() == 0)) return CreateCpu(spec, options);
+  if (!gpu.ok()) {
+    return absl::Status(gpu.status().code(),
+                        absl::StrCat("device \"", device, "\" was asked for but ", gpu.status().message()));
+  }
+  return (*gpu)->create_model(spec, options, *index);
 }
 
 }  // namespace pshard

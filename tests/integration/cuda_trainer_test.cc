@@ -8,11 +8,17 @@
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/single_trainer.h"
 #include "tests/testutil/tiny_job.h"
-#include "trainer_client/model/cuda/cuda_unit_model.h"
+#include "trainer_client/gpu_plugin.h"
 #include "trainer_client/trainer.h"
 
 namespace pshard::testing {
 namespace {
+
+// CUDA devices that the GPU plugin sees (0 when it cannot be loaded).
+int GpuDevices() {
+  const absl::StatusOr<const GpuPlugin*> gpu = LoadGpuPlugin();
+  return gpu.ok() ? (*gpu)->device_count() : 0;
+}
 
 constexpr int kSteps = 4;
 
@@ -59,7 +65,7 @@ SingleTrainerRun Train(const TrainerOptions& options, const JobConfig& job = Job
 }
 
 TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (GpuDevices() == 0) GTEST_SKIP() << "no CUDA device";
   const SingleTrainerRun cpu_run = Train(Options("cpu"));
   const SingleTrainerRun gpu_run = Train(Options("cuda"));
   const std::vector<double>& cpu = cpu_run.losses;
@@ -89,7 +95,7 @@ TEST(CudaTrainerTest, GpuTrainingFollowsCpuTrainingWithinBf16Precision) {
 // only: however deep the pipeline, and with blocks recomputed, the GPU
 // computes exactly the same thing.
 TEST(CudaTrainerTest, PipelineDepthAndRecomputeChangeNoBit) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (GpuDevices() == 0) GTEST_SKIP() << "no CUDA device";
   const SingleTrainerRun base = Train(Options("cuda"));
   ASSERT_EQ(base.losses.size(), static_cast<size_t>(kSteps));
   for (int depth : {0, 3}) {
@@ -108,7 +114,7 @@ TEST(CudaTrainerTest, PipelineDepthAndRecomputeChangeNoBit) {
 // reduction tree's order; also with recomputed blocks) give the servers
 // the same sums.
 TEST(CudaTrainerTest, AccumulationModesAgree) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (GpuDevices() == 0) GTEST_SKIP() << "no CUDA device";
   JobConfig job = Job();
   job.micro_batches = 3;
   job.accumulate_on_trainer = false;
@@ -128,7 +134,7 @@ TEST(CudaTrainerTest, AccumulationModesAgree) {
 }
 
 TEST(CudaTrainerTest, AskingForCudaWithoutADeviceIsAClearError) {
-  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
+  if (GpuDevices() > 0) GTEST_SKIP() << "a CUDA device is present";
   auto cluster = LocalCluster::Start(Job());
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto client = (*cluster)->Connect(0, WireEncoding::kFp32);

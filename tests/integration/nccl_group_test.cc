@@ -6,27 +6,35 @@
 #include <cstring>
 #include <random>
 
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "tests/testutil/tiny_job.h"
-#include "trainer_client/model/cuda/cuda_unit_model.h"
-#include "trainer_client/nccl_group.h"
+#include "trainer_client/gpu_plugin.h"
 #include "trainer_client/trainer.h"
 
 namespace pshard::testing {
 namespace {
 
+// CUDA devices that the GPU plugin sees (0 when it cannot be loaded).
+int GpuDevices() {
+  const absl::StatusOr<const GpuPlugin*> gpu = LoadGpuPlugin();
+  return gpu.ok() ? (*gpu)->device_count() : 0;
+}
+
 constexpr int kSteps = 3;
 
 absl::StatusOr<std::unique_ptr<GroupCollective>> JoinAlone(ShardClient& client, const std::string& group) {
-  return JoinNcclGroup(0, 1, 0, [&](const std::string& payload) {
+  ASSIGN_OR_RETURN(const GpuPlugin* gpu, LoadGpuPlugin());
+  if (gpu->join_nccl_group == nullptr) return absl::FailedPreconditionError("the GPU plugin has no NCCL");
+  return gpu->join_nccl_group(0, 1, 0, [&](const std::string& payload) {
     return client.Rendezvous(group, 0, 1, payload, absl::Seconds(30));
   });
 }
 
 TEST(NcclGroupTest, CollectivesOfAGroupOfOneMatchTheSharedMemoryGroup) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (GpuDevices() == 0) GTEST_SKIP() << "no CUDA device";
   auto cluster = LocalCluster::Start(TinyGptJob(1, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto client = (*cluster)->Connect(-1, WireEncoding::kFp32);
@@ -48,7 +56,7 @@ TEST(NcclGroupTest, CollectivesOfAGroupOfOneMatchTheSharedMemoryGroup) {
 }
 
 TEST(NcclGroupTest, TrainingInAGroupOfOneEqualsTrainingWithoutBitForBit) {
-  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  if (GpuDevices() == 0) GTEST_SKIP() << "no CUDA device";
   const JobConfig job = TinyGptJob(2, 1, kSteps);
   auto cluster = LocalCluster::Start(job);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
