@@ -208,6 +208,15 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
       fail(absl::OkStatus()).IgnoreError();
       return absl::CancelledError("interrupted");
     }
+    // Servers first: a trainer fails soon after a server it needs dies, and
+    // the server is the cause to report.
+    for (int s = 0; s < spec.num_servers; ++s) {
+      if (std::optional<int> code = servers[s].Poll()) {
+        const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
+        return fail(absl::InternalError(
+            absl::StrCat("shard server ", s, " exited early with code ", *code, "\n", Tail(log))));
+      }
+    }
     bool all_done = true;
     for (int r = 0; r < spec.num_trainers; ++r) {
       std::optional<int> code = trainers[r].Poll();
@@ -219,13 +228,6 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
         trainer0.Pump();
         return fail(absl::InternalError(absl::StrCat("trainer ", r, " exited with code ", *code, " (see ", logs[r],
                                                      ")", r == 0 ? "" : "\n", r == 0 ? "" : Tail(logs[r]))));
-      }
-    }
-    for (int s = 0; s < spec.num_servers; ++s) {
-      if (std::optional<int> code = servers[s].Poll()) {
-        const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
-        return fail(absl::InternalError(
-            absl::StrCat("shard server ", s, " exited early with code ", *code, "\n", Tail(log))));
       }
     }
     if (all_done) break;

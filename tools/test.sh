@@ -1,10 +1,33 @@
 #!/usr/bin/env bash
-# Install, build, and run the tests. Extra arguments go to ctest, e.g.
+# Install, build, and run the tests, in both configurations users build:
+# the default one (./build), then, where the CUDA toolkit is installed, the
+# CUDA + NCCL one (./build-cuda; its GPU tests skip without a device).
+# Extra arguments go to both ctest runs, e.g.
 #   tools/test.sh -L unit        only the unit tests
 #   tools/test.sh -LE slow       everything but the slow ones
-# Tests labelled gpu skip themselves when no GPU is present.
+# PSHARD_TEST_CUDA=0 skips the CUDA configuration; =1 requires it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-cd "${PSHARD_BUILD_DIR:-build}"
-exec ctest --output-on-failure -j "$(nproc)" "$@"
+status=0
+(cd "${PSHARD_BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" "$@") || status=$?
+
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [[ ${PSHARD_TEST_CUDA:-auto} == 0 ]]; then
+  echo "pshard test: PSHARD_TEST_CUDA=0: the CUDA + NCCL configuration is not built or tested"
+elif [[ -x $nvcc ]]; then
+  started=$SECONDS
+  echo "pshard test: building the CUDA + NCCL configuration in build-cuda ($nvcc)"
+  PSHARD_BUILD_DIR=build-cuda PSHARD_CMAKE_ARGS="-DPSHARD_WITH_CUDA=ON -DPSHARD_WITH_NCCL=ON \
+-DCMAKE_CUDA_COMPILER=$nvcc -DCMAKE_CUDA_ARCHITECTURES=80;90" tools/setup.sh
+  # The deployment tests check files and images, not the build: the default
+  # configuration ran them.
+  (cd build-cuda && ctest --output-on-failure -j "$(nproc)" -LE 'containers|deploy' "$@") || status=$?
+  echo "pshard test: the CUDA + NCCL configuration took $((SECONDS - started)) s"
+elif [[ ${PSHARD_TEST_CUDA:-auto} == 1 ]]; then
+  echo "pshard test: PSHARD_TEST_CUDA=1 but no CUDA compiler ($nvcc) is installed" >&2
+  exit 1
+else
+  echo "pshard test: no CUDA toolkit ($nvcc not found): the CUDA + NCCL configuration is not built or tested"
+fi
+exit "$status"

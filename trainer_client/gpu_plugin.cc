@@ -58,12 +58,6 @@ absl::StatusOr<const GpuPlugin*> Load() {
 
 }  // namespace
 
-int GpuPluginAbi() {
-  // Changes with the size of what crosses the boundary.
-  return static_cast<int>(sizeof(GpuPlugin) * 131 + sizeof(ModelSpec) * 31 + sizeof(UnitModelOptions) * 7 +
-                          sizeof(ModelMemory));
-}
-
 absl::StatusOr<const GpuPlugin*> LoadGpuPlugin() {
   static const absl::StatusOr<const GpuPlugin*>* const loaded = new absl::StatusOr<const GpuPlugin*>(Load());
   return *loaded;

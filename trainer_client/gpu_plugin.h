@@ -38,8 +38,12 @@ struct GpuPlugin {
                                                                       const RendezvousFn& rendezvous);
 };
 
-/// The value of GpuPlugin::abi for this build.
-int GpuPluginAbi();
+/// The value of GpuPlugin::abi for this build: it changes with the size of
+/// what crosses the boundary.
+constexpr int GpuPluginAbi() {
+  return static_cast<int>(sizeof(GpuPlugin) * 131 + sizeof(ModelSpec) * 31 + sizeof(UnitModelOptions) * 7 +
+                          sizeof(ModelMemory));
+}
 
 /// The symbol libpshard_gpu.so exports: `const GpuPlugin* pshard_gpu_plugin_v1()`.
 inline constexpr char kGpuPluginEntry[] = "pshard_gpu_plugin_v1";

@@ -254,21 +254,7 @@ int Run() {
   const pshard::ModelMemory memory = model.Memory();
   metrics.SetModelMemory(memory);
   const pshard::JobConfig& job = (*client)->job();
-  {
-    pshard::TrainerSettings settings;
-    settings.prefetch = topts.prefetch_depth;
-    settings.encoding = std::string(pshard::WireEncodingName(*encoding));
-    settings.device = model.DeviceName() == "cpu" ? "cpu" : "cuda";
-    settings.transport = (*client)->transport_name(0);
-    settings.link = copts.link.ToString();
-    settings.micro_batches = job.micro_batches;
-    settings.accumulation = topts.fetch_once_per_step  ? "fetch_once_per_step"
-                            : job.accumulate_on_trainer ? "on_trainer"
-                                                        : "per_micro_batch";
-    settings.recompute = topts.recompute_blocks;
-    settings.fabric_group_size = static_cast<int>(std::max<size_t>(1, fabric_group.size()));
-    metrics.SetSettings(settings);
-  }
+  metrics.SetSettings(pshard::SettingsOf(topts, **client, model));
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int log_every = absl::GetFlag(FLAGS_log_every);

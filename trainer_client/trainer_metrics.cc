@@ -113,6 +113,22 @@ void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
   device_bytes_.Set(static_cast<double>(memory.device));
 }
 
+TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model) {
+  TrainerSettings s;
+  s.prefetch = options.prefetch_depth;
+  s.encoding = std::string(WireEncodingName(client.options().encoding));
+  s.device = model.DeviceName() == "cpu" ? "cpu" : "cuda";
+  s.transport = client.transport_name(0);
+  s.link = client.options().link.ToString();
+  s.micro_batches = client.job().micro_batches;
+  s.accumulation = options.fetch_once_per_step      ? "fetch_once_per_step"
+                   : client.job().accumulate_on_trainer ? "on_trainer"
+                                                        : "per_micro_batch";
+  s.recompute = options.recompute_blocks;
+  s.fabric_group_size = options.group != nullptr ? options.group->size() : 1;
+  return s;
+}
+
 void TrainerMetrics::SetSettings(const TrainerSettings& s) {
   Labels labels = Rank(rank_);
   labels["prefetch"] = absl::StrCat(s.prefetch);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/metrics/metrics.h"
+#include "trainer_client/shard_client.h"
 #include "trainer_client/trainer.h"
 
 namespace pshard {
@@ -23,6 +24,9 @@ struct TrainerSettings {
   bool recompute = false;
   int fabric_group_size = 1;
 };
+
+/// The settings of a trainer that runs `model` with `options` over `client`.
+TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model);
 
 /// Every metric a trainer exports, bound to its rank. Names follow
 /// Prometheus conventions (pshard_ prefix, base units, _total counters);

@@ -40,7 +40,9 @@ constexpr int kSeqLen = 8;
 const std::set<std::string>& AllowedLabels() {
   static const auto* labels = new std::set<std::string>{
       "shard", "rank", "transport", "direction", "phase", "for", "kind",
-      "method", "reason", "unit", "role", "version", "device"};
+      "method", "reason", "unit", "role", "version", "device",
+      // pshard_trainer_config_info: one value each per trainer.
+      "prefetch", "encoding", "link", "micro_batches", "accumulation", "recompute", "fabric_group_size"};
   return *labels;
 }
 
@@ -100,6 +102,7 @@ class MetricsNamingTest : public ::testing::Test {
       ranks_.push_back(Rank{std::move(*client), std::move(*trainer), std::make_unique<metrics::Registry>()});
       // A fixed peak, so that the MFU families are exported too.
       ranks_.back().metrics = std::make_unique<TrainerMetrics>(*ranks_.back().registry, r, "grpc", "cpu", 1e9);
+      ranks_.back().metrics->SetSettings(SettingsOf(options, *ranks_.back().client, ranks_.back().trainer->model()));
     }
     ASSERT_NO_FATAL_FAILURE(Train(0, 2));
     after_two_ = Pages();

@@ -222,16 +222,64 @@ class Stack:
             if pending:
                 time.sleep(1)
 
-    def wait_exited(self, services, limit_s):
+    def state(self, service):
+        """(running, exit code) of a service's container."""
+        out = run(["podman", "inspect", self.container(service), "--format", "{{.State.Running}} {{.State.ExitCode}}"],
+                  env=self.env)
+        running, code = out.split()
+        return running == "true", int(code)
+
+    def wait_exited(self, services, limit_s, poll_s=3):
+        """Waits for every service to exit 0. Fails as soon as one exits with
+        another code or logs an error (within a few seconds), or at the limit."""
         deadline = time.time() + limit_s
-        for s in services:
-            left = max(1, int(deadline - time.time()))
-            try:
-                out = subprocess.run(["podman", "wait", self.container(s)], env=self.env, timeout=left,
-                                     capture_output=True, text=True)
-            except subprocess.TimeoutExpired:
-                raise Failure(f"{s} still running after {limit_s} s; its log ends:\n{self.logs(s)[-2000:]}")
-            check(out.returncode == 0, f"podman wait {s}: {out.stderr}")
+        pending = list(services)
+        while pending:
+            for s in list(pending):
+                running, code = self.state(s)
+                text = self.logs(s)
+                error = TRAINER_ERROR.search(text)
+                if not running and code != 0:
+                    raise Failure(f"{s} exited with {code}; its log ends:\n{text[-3000:]}")
+                if error:
+                    raise Failure(f"{s} logged an error: {error.group(0)}\nits log ends:\n{text[-3000:]}")
+                if not running:
+                    pending.remove(s)
+            if pending and time.time() > deadline:
+                raise Failure(f"{', '.join(pending)} still running after {limit_s} s; the log of {pending[0]} "
+                              f"ends:\n{self.logs(pending[0])[-2000:]}")
+            if pending:
+                time.sleep(poll_s)
+
+
+# A trainer's fatal error line: "pshard-trainer: UNAVAILABLE: ..." or
+# "pshard-trainer 1: step 12 failed: ...".
+TRAINER_ERROR = re.compile(r"^pshard-trainer(?: \d+)?: (?:[A-Z][A-Z_]+: |step \d+ failed).*$", re.M)
+
+
+def check_name_resolution(env):
+    """Containers on one Podman network must find each other by name, or no
+    compose service reaches another: checked in seconds, before any build."""
+    backend = run(["podman", "info", "--format", "{{.Host.NetworkBackend}}"], env=env).strip()
+    network = f"pshard-dns-check-{os.getpid()}"
+    peer = f"pshard-dns-peer-{os.getpid()}"
+    run(["podman", "network", "create", network], env=env)
+    try:
+        run(["podman", "run", "-d", "--rm", "--name", peer, "--network", network, BASE_IMAGE, "sleep", "60"],
+            env=env, timeout=60)
+        looked_up = subprocess.run(["podman", "run", "--rm", "--network", network, BASE_IMAGE, "getent", "hosts",
+                                    peer], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-t", "0", peer], env=env, capture_output=True)
+        subprocess.run(["podman", "network", "rm", "-f", network], env=env, capture_output=True)
+    if looked_up.returncode != 0:
+        missing = ("the CNI plugin dnsname (Debian package golang-github-containernetworking-plugin-dnsname, "
+                   "in tools/debian-packages.txt)" if backend == "cni" else
+                   "aardvark-dns (Debian package aardvark-dns)")
+        raise Failure(f"containers on a Podman network do not resolve each other's names (network backend "
+                      f"{backend}; `getent hosts {peer}` from a second container: exit {looked_up.returncode} "
+                      f"{looked_up.stderr.strip()}): install {missing}, e.g. with tools/setup.sh")
+    log(f"containers resolve each other's names (network backend {backend})")
 
 
 def prometheus_query(port, expr):
@@ -449,6 +497,7 @@ def test_e2e():
     m = re.search(r"export CONTAINERS_CONF=(\S+)", setup)
     check(m, f"containers-setup.sh printed no CONTAINERS_CONF: {setup}")
     env["CONTAINERS_CONF"] = m.group(1)
+    check_name_resolution(env)
     build_images(env)
 
     services = compose_services(os.path.join(COMPOSE_DIR, "compose.yaml"))
