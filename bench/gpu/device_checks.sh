@@ -2,8 +2,9 @@
 # The checks that need an NVIDIA GPU, in one run:
 #   bench/gpu/device_checks.sh BIN_DIR OUT_DIR [pshard local flags...]
 # BIN_DIR holds a -DPSHARD_WITH_CUDA=ON build's binaries (pshard,
-# pshard-server, pshard-trainer, cuda_gpt_test, cuda_trainer_test and, with
-# -DPSHARD_WITH_NCCL=ON, nccl_group_test); every
+# pshard-server, pshard-trainer and its GPU plugin libpshard_gpu.so,
+# cuda_gpt_test, cuda_trainer_test and, with -DPSHARD_WITH_NCCL=ON,
+# nccl_group_test); every
 # result goes to OUT_DIR (one log per check, and summary.txt).
 #  1. cuda_gpt_test: the CUDA model against the CPU fp32 model, op by op.
 #  2. cuda_trainer_test: GPU and CPU trainers on the same job agree within

@@ -1,12 +1,14 @@
 #include "common/metrics/metrics_server.h"
 
 #include <arpa/inet.h>
+#include <link.h>
 #include <netinet/in.h>
 
 #include <cctype>
 #include <mutex>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -21,6 +23,21 @@ constexpr char kContentType[] = "text/plain; version=0.0.4; charset=utf-8";
 void InitCivetwebOnce() {
   static std::once_flag once;
   std::call_once(once, [] { mg_init_library(0); });
+}
+
+// Bytes of static thread-local storage the loaded libraries put in every
+// thread's stack (civetweb's threads get 100 KiB in Debian's build).
+int64_t StaticTlsBytes() {
+  int64_t total = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* sum) {
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_TLS) *static_cast<int64_t*>(sum) += info->dlpi_phdr[i].p_memsz;
+        }
+        return 0;
+      },
+      &total);
+  return total;
 }
 
 bool AllDigits(absl::string_view s) {
@@ -132,8 +149,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
     server->impl_->starting = false;
     if (context == nullptr) {
       const std::string& why = server->impl_->start_messages;
+      std::string hint;
+      if (absl::StrContains(why, "Cannot create threads")) {
+        hint = absl::StrCat(" (the libraries loaded into this process keep ", StaticTlsBytes() / 1024,
+                            " KiB of thread-local storage in every thread's stack, and civetweb's threads may "
+                            "get only 100 KiB)");
+      }
       return absl::UnavailableError(absl::StrCat("cannot serve metrics on \"", address, "\": ",
-                                                 why.empty() ? "civetweb failed to start" : why));
+                                                 why.empty() ? "civetweb failed to start" : why, hint));
     }
   }
   server->impl_->context = context;  // from here on, ~MetricsServer stops it
