@@ -166,6 +166,15 @@ absl::Status Train(const LocalCluster& cluster, int trainers, int64_t first, int
   return TrainInThreads(cluster, trainers, TestCorpus(), how);
 }
 
+// Trains `job` with one trainer to `steps`, checkpointing into `dir` every
+// `every` steps, and stops (the shutdown checkpoint is written too).
+void TrainAndStop(const JobConfig& job, const std::string& dir, int64_t every, int64_t steps) {
+  auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, every));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(Train(**cluster, 1, 0, steps).ok());
+  ASSERT_TRUE((*cluster)->ReadMasterWeights(steps).ok());
+}
+
 TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
   const JobConfig job = TinyGptJob(3, 2, kTotalSteps);
   const std::string dir = FreshDir("resume");
@@ -200,12 +209,7 @@ TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
 TEST(CheckpointResume, AnOlderStepCanBeChosen) {
   const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
   const std::string dir = FreshDir("older");
-  {
-    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
-    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(job, dir, /*every=*/1, /*steps=*/3));
   auto older = LocalCluster::Start(job, WithCheckpoints(dir, 1, /*resume_step=*/2));
   ASSERT_TRUE(older.ok()) << older.status();
   EXPECT_EQ((*older)->server(0).state().current_step(), 2);
@@ -222,12 +226,7 @@ TEST(CheckpointResume, AnOlderStepCanBeChosen) {
 TEST(CheckpointResume, ADifferentModelIsRefusedAndTheFilesStay) {
   const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
   const std::string dir = FreshDir("layout");
-  {
-    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 1, 0, 2).ok());
-    ASSERT_TRUE((*cluster)->ReadMasterWeights(2).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(job, dir, /*every=*/1, /*steps=*/2));
   const std::string file = (std::filesystem::path(dir) / CheckpointFileName(0, 2, 2)).string();
   const std::vector<char> before = ReadBytes(file);
   JobConfig wider = job;
@@ -252,12 +251,7 @@ TEST(CheckpointResume, ADifferentModelIsRefusedAndTheFilesStay) {
 TEST(CheckpointResume, ShardsAtDifferentStepsAreReportedToTrainers) {
   const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
   const std::string dir = FreshDir("split");
-  {
-    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
-    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(job, dir, /*every=*/1, /*steps=*/3));
   // Shard 1 loses its newest checkpoint.
   std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(1, 2, 3));
   auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
@@ -280,17 +274,10 @@ std::map<std::string, std::filesystem::file_time_type> FolderContents(const std:
   return out;
 }
 
-// Trains a 3-shard job to step 2 with checkpoints in `dir`.
-void LeaveThreeShardCheckpoints(const std::string& dir) {
-  auto cluster = LocalCluster::Start(TinyGptJob(3, 1, kTotalSteps), WithCheckpoints(dir, 1));
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(Train(**cluster, 1, 0, 2).ok());
-  ASSERT_TRUE((*cluster)->ReadMasterWeights(2).ok());
-}
 
 TEST(CheckpointFolder, AnotherShardCountIsRefusedNamingBothLayoutsAndNothingIsWritten) {
   const std::string dir = FreshDir("other_n");
-  LeaveThreeShardCheckpoints(dir);
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(TinyGptJob(3, 1, kTotalSteps), dir, /*every=*/1, /*steps=*/2));
   const auto before = FolderContents(dir);
   ASSERT_FALSE(before.empty());
   auto refused = LocalCluster::Start(TinyGptJob(4, 1, kTotalSteps), WithCheckpoints(dir, 1));
@@ -307,7 +294,7 @@ TEST(CheckpointFolder, AnotherShardCountIsRefusedNamingBothLayoutsAndNothingIsWr
 
 TEST(CheckpointFolder, StartingFreshSetsTheOldCheckpointsAsideAndDeletesNothing) {
   const std::string dir = FreshDir("fresh");
-  LeaveThreeShardCheckpoints(dir);
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(TinyGptJob(3, 1, kTotalSteps), dir, /*every=*/1, /*steps=*/2));
   const size_t old_files = ListCheckpointFiles(dir).size();
   ASSERT_EQ(old_files, 6u);  // steps 1 and 2 of three shards
   LocalCluster::Options options = WithCheckpoints(dir, 1);
@@ -330,12 +317,7 @@ TEST(CheckpointFolder, StartingFreshSetsTheOldCheckpointsAsideAndDeletesNothing)
 TEST(CheckpointResume, MovingTheScheduleEndIsRefusedUnlessAskedFor) {
   const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
   const std::string dir = FreshDir("schedule");
-  {
-    auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 1, 0, 3).ok());
-    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(job, dir, /*every=*/1, /*steps=*/3));
   const auto before = FolderContents(dir);
   JobConfig longer = job;
   longer.optimizer.total_steps = 3 * kTotalSteps;
