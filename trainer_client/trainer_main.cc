@@ -17,6 +17,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/link_rate.h"
 #include "common/signals.h"
 #include "absl/strings/numbers.h"
 #include "common/metrics/metrics_server.h"
@@ -133,6 +134,11 @@ int Run() {
     return 2;
   }
   copts.link = *link;
+  if (const std::string rate = FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"); !rate.empty()) {
+    // Parsed above: the description cannot fail. It flags a bytes unit.
+    std::fprintf(stderr, "pshard-trainer %d: emulated link rate %s\n", copts.trainer_rank,
+                 pshard::DescribeLinkRate(rate).value_or("?").c_str());
+  }
   std::optional<pshard::Topology> topology;
   if (const std::string file = absl::GetFlag(FLAGS_topology); !file.empty()) {
     absl::StatusOr<pshard::Topology> loaded = pshard::Topology::Load(file);
