@@ -20,12 +20,12 @@
 #include "proto/rpc_util.h"
 #include "common/metrics/metrics_server.h"
 #include "shard_server/norm_coordinator.h"
-#include "shard_server/service.h"
+#include "shard_server/grpc/grpc_service.h"
 #include "shard_server/session_tokens.h"
 #include "shard_server/step_driver.h"
 #include "pshard/config.h"
 #if PSHARD_WITH_UCX
-#include "shard_server/ucx_service.h"
+#include "shard_server/ucx/ucx_service.h"
 #endif
 
 namespace pshard {

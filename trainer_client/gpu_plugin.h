@@ -12,9 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/model/unit_model.h"
-#include "trainer_client/socket_group.h"
 
 namespace pshard {
 

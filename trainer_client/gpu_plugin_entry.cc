@@ -4,7 +4,7 @@
 #include "trainer_client/gpu_plugin.h"
 #include "trainer_client/model/cuda/cuda_unit_model.h"
 #if PSHARD_WITH_NCCL
-#include "trainer_client/nccl_group.h"
+#include "trainer_client/group/nccl/nccl_group.h"
 #endif
 
 namespace pshard {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "trainer_client/busy_clock.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/shard_client.h"
 
 namespace pshard {

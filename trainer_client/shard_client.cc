@@ -11,10 +11,10 @@
 #include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
 #include "pshard/config.h"
-#include "trainer_client/grpc_transport.h"
+#include "trainer_client/transport/grpc/grpc_transport.h"
 #include "trainer_client/join.h"
 #if PSHARD_WITH_UCX
-#include "trainer_client/ucx_transport.h"
+#include "trainer_client/transport/ucx/ucx_transport.h"
 #else
 namespace pshard {
 class UcxContext {};  // never created in builds without UCX

@@ -20,11 +20,11 @@
 #include "common/deadline_timer.h"
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
-#include "trainer_client/link_emulator.h"
+#include "trainer_client/transport/link/link_emulator.h"
 
 namespace pshard {
 
-class UcxContext;  // trainer_client/ucx_transport.h, in builds with UCX
+class UcxContext;  // trainer_client/transport/ucx/ucx_transport.h, in builds with UCX
 
 /// Recycles unit-sized buffers so that fetching a unit does not allocate
 /// and page-fault a fresh buffer every time. Thread-safe.

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/reduction_tree.h"
 #include "trainer_client/data/dataset.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/prefetcher.h"
 #include "trainer_client/model/unit_model.h"
 #include "trainer_client/shard_client.h"

@@ -26,7 +26,7 @@
 #include "pshard/config.h"
 #include "trainer_client/peak_flops.h"
 #include "trainer_client/route_plan.h"
-#include "trainer_client/socket_group.h"
+#include "trainer_client/group/socket/socket_group.h"
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/gpu_plugin.h"

@@ -11,6 +11,7 @@
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "tests/testutil/tiny_job.h"
+#include "trainer_client/group/host/host_group.h"
 #include "trainer_client/gpu_plugin.h"
 #include "trainer_client/trainer.h"
 

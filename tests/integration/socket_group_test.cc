@@ -2,7 +2,7 @@
 // server: the collectives give the shared-memory group's results bit for
 // bit, and a member that never comes, dies or falls out of step is named in
 // an error within the deadline.
-#include "trainer_client/socket_group.h"
+#include "trainer_client/group/socket/socket_group.h"
 
 #include <cstring>
 #include <random>
@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/local_cluster.h"
+#include "trainer_client/group/host/host_group.h"
 #include "tests/testutil/tiny_job.h"
 
 namespace pshard::testing {

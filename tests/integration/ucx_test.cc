@@ -11,10 +11,11 @@
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
+#include "trainer_client/group/host/host_group.h"
 #include "trainer_client/data/default_corpus.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/trainer.h"
-#include "trainer_client/ucx_transport.h"
+#include "trainer_client/transport/ucx/ucx_transport.h"
 
 namespace pshard::testing {
 namespace {

@@ -6,8 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "pshard/config.h"
 #include "tests/testutil/tiny_job.h"
+#include "trainer_client/group/host/host_group.h"
 #include "trainer_client/data/default_corpus.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 
 namespace pshard::testing {
 

@@ -1,4 +1,4 @@
-#include "trainer_client/ucx_transport.h"
+#include "trainer_client/transport/ucx/ucx_transport.h"
 
 #include <cstdio>
 #include <cstring>

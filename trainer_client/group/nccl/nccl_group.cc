@@ -1,4 +1,4 @@
-#include "trainer_client/nccl_group.h"
+#include "trainer_client/group/nccl/nccl_group.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>

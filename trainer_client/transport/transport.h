@@ -2,8 +2,8 @@
 // unit, push a slice of a gradient. One Transport per (trainer, shard) link;
 // gRPC is always there, other backends (UCX) are optional. This header
 // includes no backend's headers.
-#ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_H_
-#define PSHARD_TRAINER_CLIENT_TRANSPORT_H_
+#ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_TRANSPORT_H_
+#define PSHARD_TRAINER_CLIENT_TRANSPORT_TRANSPORT_H_
 
 #include <cstdint>
 #include <functional>
@@ -53,4 +53,4 @@ class Transport {
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_TRANSPORT_H_
+#endif  // PSHARD_TRAINER_CLIENT_TRANSPORT_TRANSPORT_H_

@@ -1,4 +1,4 @@
-#include "trainer_client/socket_group.h"
+#include "trainer_client/group/socket/socket_group.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

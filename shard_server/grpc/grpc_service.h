@@ -1,7 +1,7 @@
 // The gRPC face of a shard server (callback API). Status conversion happens
 // here and nowhere below.
-#ifndef PSHARD_SHARD_SERVER_SERVICE_H_
-#define PSHARD_SHARD_SERVER_SERVICE_H_
+#ifndef PSHARD_SHARD_SERVER_GRPC_GRPC_SERVICE_H_
+#define PSHARD_SHARD_SERVER_GRPC_GRPC_SERVICE_H_
 
 #include <cstdint>
 #include <map>
@@ -85,4 +85,4 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
 
 }  // namespace pshard
 
-#endif  // PSHARD_SHARD_SERVER_SERVICE_H_
+#endif  // PSHARD_SHARD_SERVER_GRPC_GRPC_SERVICE_H_

@@ -2,8 +2,8 @@
 // server: bandwidth as a token bucket, one-way latency, and jitter. Used by
 // the gRPC data path so that comm-bound settings are reproducible on one
 // machine without root (loopback has no such limits).
-#ifndef PSHARD_TRAINER_CLIENT_LINK_EMULATOR_H_
-#define PSHARD_TRAINER_CLIENT_LINK_EMULATOR_H_
+#ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_LINK_LINK_EMULATOR_H_
+#define PSHARD_TRAINER_CLIENT_TRANSPORT_LINK_LINK_EMULATOR_H_
 
 #include <cstdint>
 #include <string>
@@ -50,4 +50,4 @@ class EmulatedLink {
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_LINK_EMULATOR_H_
+#endif  // PSHARD_TRAINER_CLIENT_TRANSPORT_LINK_LINK_EMULATOR_H_

@@ -1,4 +1,4 @@
-#include "shard_server/service.h"
+#include "shard_server/grpc/grpc_service.h"
 
 #include <algorithm>
 #include <string>

@@ -1,8 +1,8 @@
 // The UCX face of a shard server: fetch and push as active messages on one
 // UCP worker, next to the gRPC service (which stays the control plane).
 // Compiled only with UCX.
-#ifndef PSHARD_SHARD_SERVER_UCX_SERVICE_H_
-#define PSHARD_SHARD_SERVER_UCX_SERVICE_H_
+#ifndef PSHARD_SHARD_SERVER_UCX_UCX_SERVICE_H_
+#define PSHARD_SHARD_SERVER_UCX_UCX_SERVICE_H_
 
 #include <memory>
 #include <string>
@@ -39,4 +39,4 @@ class UcxService {
 
 }  // namespace pshard
 
-#endif  // PSHARD_SHARD_SERVER_UCX_SERVICE_H_
+#endif  // PSHARD_SHARD_SERVER_UCX_UCX_SERVICE_H_

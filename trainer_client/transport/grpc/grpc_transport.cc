@@ -1,4 +1,4 @@
-#include "trainer_client/grpc_transport.h"
+#include "trainer_client/transport/grpc/grpc_transport.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "shard_server/ucx_service.h"
+#include "shard_server/ucx/ucx_service.h"
 
 #include <algorithm>
 #include <vector>

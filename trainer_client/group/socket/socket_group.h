@@ -5,22 +5,18 @@
 // member index, so the results equal the shared-memory group's bit for bit.
 // The members find each other through a rendezvous (the shard servers'
 // Rendezvous RPC): each posts its listening address and gets all of them.
-#ifndef PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
-#define PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
+#ifndef PSHARD_TRAINER_CLIENT_GROUP_SOCKET_SOCKET_GROUP_H_
+#define PSHARD_TRAINER_CLIENT_GROUP_SOCKET_SOCKET_GROUP_H_
 
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "trainer_client/group_collective.h"
+#include "trainer_client/group/group_collective.h"
 
 namespace pshard {
-
-/// Posts this member's payload and returns every member's, in member order.
-using RendezvousFn = std::function<absl::StatusOr<std::vector<std::string>>(const std::string& payload)>;
 
 /// Joins member `rank` of a group of `size`: listens on `host` (any free
 /// port), meets the others through `rendezvous`, and connects to each of
@@ -32,4 +28,4 @@ absl::StatusOr<std::unique_ptr<GroupCollective>> JoinSocketGroup(const std::stri
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_SOCKET_GROUP_H_
+#endif  // PSHARD_TRAINER_CLIENT_GROUP_SOCKET_SOCKET_GROUP_H_

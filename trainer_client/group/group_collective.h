@@ -1,17 +1,21 @@
 // Collectives inside a fabric group: trainers joined by a fast fabric that
 // split each unit's fetch among themselves (all-gather) and reduce their
 // gradients before pushing (reduce-scatter), so the slow network carries
-// each byte once per group. NCCL implements this on GPUs; HostGroup here
-// implements it in shared memory so that the grouping logic runs anywhere.
-#ifndef PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_
-#define PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_
+// each byte once per group. Implementations, a folder each: host/ (threads
+// of one process, shared memory: the grouping logic runs anywhere),
+// socket/ (processes over TCP) and nccl/ (GPUs, built into the GPU plugin).
+#ifndef PSHARD_TRAINER_CLIENT_GROUP_GROUP_COLLECTIVE_H_
+#define PSHARD_TRAINER_CLIENT_GROUP_GROUP_COLLECTIVE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/partition.h"
 
@@ -46,11 +50,9 @@ class GroupCollective {
   virtual absl::Status ReduceScatter(std::span<float> buffer, const GroupOwnership& owned) = 0;
 };
 
-/// Creates the `size` members of a group whose members are threads of this
-/// process (shared memory). Every call waits at most `timeout` for the other
-/// members and then fails naming the ones that did not arrive.
-std::vector<std::unique_ptr<GroupCollective>> CreateHostGroup(int size,
-                                                              absl::Duration timeout = absl::Seconds(120));
+/// How the members of a group that are separate processes find each other:
+/// posts this member's payload and returns every member's, in member order.
+using RendezvousFn = std::function<absl::StatusOr<std::vector<std::string>>(const std::string& payload)>;
 
 /// Elements in `ranges`.
 int64_t RangeElements(const std::vector<ElementRange>& ranges);
@@ -69,4 +71,4 @@ GroupOwnership ShardOwnership(const UnitPartition& partition, int group_size);
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_GROUP_COLLECTIVE_H_
+#endif  // PSHARD_TRAINER_CLIENT_GROUP_GROUP_COLLECTIVE_H_

@@ -1,8 +1,8 @@
 // The UCX data path of a trainer: fetches and pushes as active messages to
 // the shard servers' UCP workers (tcp, shared memory, RDMA where present).
 // Compiled only with UCX (ShardClient uses it under PSHARD_WITH_UCX).
-#ifndef PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
-#define PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
+#ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_UCX_UCX_TRANSPORT_H_
+#define PSHARD_TRAINER_CLIENT_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
 #include <atomic>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
 #include "common/ucx/ucx_worker.h"
-#include "trainer_client/transport.h"
+#include "trainer_client/transport/transport.h"
 
 namespace pshard {
 
@@ -80,4 +80,4 @@ class UcxTransport final : public Transport {
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_UCX_TRANSPORT_H_
+#endif  // PSHARD_TRAINER_CLIENT_TRANSPORT_UCX_UCX_TRANSPORT_H_

@@ -9,15 +9,14 @@
 // and copied back. NCCL sums in its own order: for one or two members that
 // equals the canonical tree order bit for bit, for more it may differ in the
 // last bits (use the TCP group where bit-reproducibility matters).
-#ifndef PSHARD_TRAINER_CLIENT_NCCL_GROUP_H_
-#define PSHARD_TRAINER_CLIENT_NCCL_GROUP_H_
+#ifndef PSHARD_TRAINER_CLIENT_GROUP_NCCL_NCCL_GROUP_H_
+#define PSHARD_TRAINER_CLIENT_GROUP_NCCL_NCCL_GROUP_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "trainer_client/group_collective.h"
-#include "trainer_client/socket_group.h"
+#include "trainer_client/group/group_collective.h"
 
 namespace pshard {
 
@@ -27,4 +26,4 @@ absl::StatusOr<std::unique_ptr<GroupCollective>> JoinNcclGroup(int rank, int siz
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_NCCL_GROUP_H_
+#endif  // PSHARD_TRAINER_CLIENT_GROUP_NCCL_NCCL_GROUP_H_

@@ -1,4 +1,4 @@
-#include "trainer_client/link_emulator.h"
+#include "trainer_client/transport/link/link_emulator.h"
 
 #include <algorithm>
 #include <cctype>

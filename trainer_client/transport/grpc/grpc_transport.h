@@ -1,15 +1,15 @@
 // The gRPC data path: chunked server-streaming fetches and client-streaming
 // pushes, with optional in-process link emulation.
-#ifndef PSHARD_TRAINER_CLIENT_GRPC_TRANSPORT_H_
-#define PSHARD_TRAINER_CLIENT_GRPC_TRANSPORT_H_
+#ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
+#define PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
 #include <string>
 
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
 #include "proto/shard.grpc.pb.h"
-#include "trainer_client/link_emulator.h"
-#include "trainer_client/transport.h"
+#include "trainer_client/transport/link/link_emulator.h"
+#include "trainer_client/transport/transport.h"
 
 namespace pshard {
 
@@ -38,4 +38,4 @@ class GrpcTransport final : public Transport {
 
 }  // namespace pshard
 
-#endif  // PSHARD_TRAINER_CLIENT_GRPC_TRANSPORT_H_
+#endif  // PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
