@@ -1,10 +1,12 @@
 #include "common/wire_encoding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
+#include "common/checksum.h"
 
 namespace pshard {
 
@@ -44,6 +46,39 @@ void DecodeElements(WireEncoding encoding, const std::byte* in, std::span<float>
     std::memcpy(&b, in + 2 * i, 2);
     out[i] = Bf16ToFloat(b);
   }
+}
+
+uint32_t DecodeAndChecksum(WireEncoding encoding, const std::byte* in, std::span<float> out, uint32_t crc) {
+  const size_t width = BytesPerElement(encoding);
+  // Block by block: each block is checksummed and decoded while in cache.
+  constexpr size_t kBlock = 8192;
+  for (size_t at = 0; at < out.size(); at += kBlock) {
+    const size_t n = std::min(kBlock, out.size() - at);
+    crc = Crc32c(in + at * width, n * width, crc);
+    if (reinterpret_cast<const std::byte*>(out.data() + at) != in + at * width) {
+      DecodeElements(encoding, in + at * width, out.subspan(at, n));
+    }
+  }
+  return crc;
+}
+
+uint32_t DecodeTailInPlaceAndChecksum(WireEncoding encoding, std::span<float> buffer, uint32_t crc) {
+  const size_t width = BytesPerElement(encoding);
+  if (width == sizeof(float)) return Crc32c(buffer.data(), buffer.size_bytes(), crc);
+  const std::byte* tail = reinterpret_cast<const std::byte*>(buffer.data()) + buffer.size_bytes() -
+                          buffer.size() * width;
+  // Forward: element i's fp32 bytes end at 4(i+1), before the encoded bytes
+  // of every later element begin (at tail + width(i+1)). Each block is
+  // copied out before its decoded values overwrite it.
+  constexpr size_t kBlock = 4096;
+  std::byte block[kBlock * sizeof(float)];
+  for (size_t at = 0; at < buffer.size(); at += kBlock) {
+    const size_t n = std::min(kBlock, buffer.size() - at);
+    std::memcpy(block, tail + at * width, n * width);
+    crc = Crc32c(block, n * width, crc);
+    DecodeElements(encoding, block, buffer.subspan(at, n));
+  }
+  return crc;
 }
 
 void RoundTripInPlace(WireEncoding encoding, std::span<float> values) {

@@ -22,6 +22,14 @@ absl::StatusOr<WireEncoding> ParseWireEncoding(std::string_view name);
 void EncodeElements(WireEncoding encoding, std::span<const float> values, std::byte* out);
 /// Decodes `count` elements from `in` into `out`.
 void DecodeElements(WireEncoding encoding, const std::byte* in, std::span<float> out);
+/// Decodes `out.size()` elements from `in` into `out` and returns the CRC-32C
+/// of the encoded bytes continued from `crc`, in one pass over them.
+uint32_t DecodeAndChecksum(WireEncoding encoding, const std::byte* in, std::span<float> out, uint32_t crc);
+/// The same for a slice whose encoded bytes were received into the tail of
+/// its own fp32 buffer (the last buffer.size() * BytesPerElement bytes):
+/// decodes them forward, in place, into the whole buffer.
+uint32_t DecodeTailInPlaceAndChecksum(WireEncoding encoding, std::span<float> buffer, uint32_t crc);
+
 /// Replaces each value by what an encode/decode round trip yields.
 void RoundTripInPlace(WireEncoding encoding, std::span<float> values);
 

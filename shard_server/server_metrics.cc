@@ -61,6 +61,7 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       state_m_bytes(StateBytes(r, shard, "adam_m")),
       state_v_bytes(StateBytes(r, shard, "adam_v")),
       state_grad_bytes(StateBytes(r, shard, "grad")),
+      state_published_bytes(StateBytes(r, shard, "published")),
       expected_state_bytes(r.AddGauge("pshard_server_expected_state_bytes",
                                       "16 bytes per parameter over the number of shards: mixed-precision AdamW "
                                       "state as ZeRO counts it.")

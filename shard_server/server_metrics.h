@@ -52,6 +52,7 @@ class ServerMetrics {
   metrics::Gauge& state_m_bytes;
   metrics::Gauge& state_v_bytes;
   metrics::Gauge& state_grad_bytes;
+  metrics::Gauge& state_published_bytes;  ///< encoded views of the published version (set each step)
   metrics::Gauge& expected_state_bytes;
   metrics::Gauge& checkpoint_step;
   metrics::Counter& checkpoint_write_seconds;

@@ -1,6 +1,7 @@
 #include "shard_server/shard_state.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -14,6 +15,12 @@
 #include "common/status_macros.h"
 
 namespace pshard {
+namespace {
+
+// Index of an encoding in UnitState::published and in the in-use mask.
+int EncodingSlot(WireEncoding encoding) { return encoding == WireEncoding::kFp32 ? 0 : 1; }
+
+}  // namespace
 
 bool OneShotWaiter::Fire(absl::Status status) {
   if (fired_.exchange(true)) return false;
@@ -23,12 +30,15 @@ bool OneShotWaiter::Fire(absl::Status status) {
 }
 
 struct ShardState::UnitState {
-  // Published model state: written by ApplyStep, read by fetches.
+  // Published model state: written by ApplyStep, read by fetches. The
+  // master's storage is shared with the fp32 view of its version.
   mutable absl::Mutex mu;
-  std::vector<float> master, m, v;
-  uint32_t checksum_fp32 = 0;
-  uint32_t checksum_bf16 = 0;
+  std::shared_ptr<std::vector<float>> master = std::make_shared<std::vector<float>>();
+  std::vector<float> m, v;
   int64_t version = 0;
+  // The published version's bytes, by encoding (EncodingSlot); empty where
+  // no fetch has asked for an encoding.
+  std::array<std::shared_ptr<PublishedSlice>, 2> published;
   std::vector<std::pair<int64_t, std::shared_ptr<OneShotWaiter>>> waiters;
   std::vector<ElementRun> decay_runs;
 
@@ -45,20 +55,21 @@ struct ShardState::UnitState {
   // read by ApplyStep (the step driver's thread only).
   std::vector<float> grad;
 
-  // Records the checksums of this version's published bytes. The bf16 view
-  // is encoded on demand from the (immutable until the next update) master,
-  // so no second copy of the weights is held.
-  void Publish() {
-    checksum_fp32 = Crc32c(master.data(), master.size() * sizeof(float));
-    constexpr size_t kBlock = 4096;
-    std::byte encoded[kBlock * sizeof(uint16_t)];
-    uint32_t crc = 0;
-    for (size_t at = 0; at < master.size(); at += kBlock) {
-      const size_t n = std::min(kBlock, master.size() - at);
-      EncodeElements(WireEncoding::kBf16, std::span<const float>(master.data() + at, n), encoded);
-      crc = Crc32c(encoded, n * sizeof(uint16_t), crc);
+  // Makes this version's bytes: the fp32 view of the master, and each other
+  // encoding in `encodings` (a bit per EncodingSlot), reusing the previous
+  // version's storage where no fetch still holds it.
+  void Publish(uint32_t encodings) {
+    published[0] = PublishedSlice::OfMaster(master);
+    if (encodings & (1u << EncodingSlot(WireEncoding::kBf16))) {
+      published[1] = PublishedSlice::Encode(WireEncoding::kBf16, *master, std::move(published[1]));
     }
-    checksum_bf16 = crc;
+  }
+  // Before the master changes: if a fetch still sends the published fp32
+  // view from it, the new version gets storage of its own.
+  void DetachMasterFromReaders() {
+    if (published[0] != nullptr && published[0].use_count() > 1) {
+      master = std::make_shared<std::vector<float>>(*master);
+    }
   }
 };
 
@@ -78,12 +89,12 @@ absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& 
   for (size_t u = 0; u < state->layout_.spec.units.size(); ++u) {
     const SliceRange slice = state->layout_.partitions[u].Slice(shard_index);
     auto unit = std::make_unique<UnitState>();
-    unit->master.resize(slice.length);
-    InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, unit->master);
+    unit->master->resize(slice.length);
+    InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, *unit->master);
     unit->m.assign(slice.length, 0.0f);
     unit->v.assign(slice.length, 0.0f);
     unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
-    unit->Publish();
+    unit->Publish(0);
     state->units_.push_back(std::move(unit));
   }
   absl::MutexLock lock(&state->step_mu_);
@@ -132,33 +143,27 @@ void ShardState::WhenPublished(int unit, int64_t version, absl::Time deadline,
   waiter->Fire(now_status);
 }
 
-absl::Status ShardState::CopyPublished(int unit, int64_t version, WireEncoding encoding,
-                                       int64_t offset, int64_t count, std::string* out) const {
-  const UnitState& u = *units_[unit];
-  absl::ReaderMutexLock lock(&u.mu);
+absl::StatusOr<std::shared_ptr<const PublishedSlice>> ShardState::Published(int unit, int64_t version,
+                                                                               WireEncoding encoding) {
+  UnitState& u = *units_[unit];
+  const int slot = EncodingSlot(encoding);
+  {
+    absl::ReaderMutexLock lock(&u.mu);
+    if (u.version != version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("unit ", unit, " is at version ", u.version, ", not ", version));
+    }
+    if (u.published[slot] != nullptr) return std::shared_ptr<const PublishedSlice>(u.published[slot]);
+  }
+  // The first fetch in this encoding: encode the current version now, and
+  // every later one at publish.
+  encodings_in_use_.fetch_or(1u << slot);
+  absl::MutexLock lock(&u.mu);
   if (u.version != version) {
-    return absl::AbortedError(absl::StrCat("unit ", unit, " moved from version ", version, " to ",
-                                           u.version, " during the fetch"));
+    return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " is at version ", u.version, ", not ", version));
   }
-  if (offset < 0 || count < 0 || offset + count > static_cast<int64_t>(u.master.size())) {
-    return absl::OutOfRangeError(absl::StrCat("elements [", offset, ", ", offset + count,
-                                              ") are outside the slice of ", u.master.size()));
-  }
-  out->resize(count * BytesPerElement(encoding));
-  EncodeElements(encoding, std::span<const float>(u.master.data() + offset, count),
-                 reinterpret_cast<std::byte*>(out->data()));
-  return absl::OkStatus();
-}
-
-absl::StatusOr<uint32_t> ShardState::PublishedChecksum(int unit, int64_t version,
-                                                       WireEncoding encoding) const {
-  const UnitState& u = *units_[unit];
-  absl::ReaderMutexLock lock(&u.mu);
-  if (u.version != version) {
-    return absl::AbortedError(absl::StrCat("unit ", unit, " is at version ", u.version,
-                                           ", not ", version));
-  }
-  return encoding == WireEncoding::kFp32 ? u.checksum_fp32 : u.checksum_bf16;
+  if (u.published[slot] == nullptr) u.published[slot] = PublishedSlice::Encode(encoding, *u.master, nullptr);
+  return std::shared_ptr<const PublishedSlice>(u.published[slot]);
 }
 
 absl::Status ShardState::CheckPush(const ContributionId& id) const {
@@ -306,8 +311,9 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
     {
       absl::MutexLock unit_lock(&u.mu);
       if (!skip) {
-        AdamWUpdate(job_.optimizer, adam, u.master, u.m, u.v, u.grad, u.decay_runs, &norms);
-        u.Publish();
+        u.DetachMasterFromReaders();
+        AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, u.grad, u.decay_runs, &norms);
+        u.Publish(encodings_in_use_.load());
       }
       {
         // Open the next step's reduction before anyone can fetch version
@@ -358,7 +364,7 @@ absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, i
       return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", header.step, ": a unit is at version ",
                                                         unit->version, " (a step is being applied)"));
     }
-    views.push_back(CheckpointUnitView{unit->master, unit->m, unit->v});
+    views.push_back(CheckpointUnitView{*unit->master, unit->m, unit->v});
   }
   return WriteCheckpoint(dir, header, views, keep, protected_step);
 }
@@ -402,13 +408,13 @@ absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitState& unit = *units_[u];
     absl::MutexLock unit_lock(&unit.mu);
-    unit.master = std::move(checkpoint.units[u].master);
+    unit.master = std::make_shared<std::vector<float>>(std::move(checkpoint.units[u].master));
     unit.m = std::move(checkpoint.units[u].m);
     unit.v = std::move(checkpoint.units[u].v);
     unit.version = h.step;
     absl::MutexLock step_lock(&step_mu_);
     unit.reduce_step = h.step;
-    unit.Publish();
+    unit.Publish(encodings_in_use_.load());
   }
   absl::MutexLock step_lock(&step_mu_);
   step_ = h.step;
@@ -420,7 +426,7 @@ absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
 std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit) const {
   const UnitState& u = *units_[unit];
   absl::ReaderMutexLock lock(&u.mu);
-  return {u.version, u.master};
+  return {u.version, *u.master};
 }
 
 std::string ShardState::DescribeWait() const {
@@ -453,11 +459,15 @@ std::string ShardState::DescribeWait() const {
 ShardState::Counters ShardState::counters() const {
   Counters c;
   int64_t elements = 0;
-  for (const auto& u : units_) elements += static_cast<int64_t>(u->master.size());
+  for (const auto& u : units_) {
+    absl::ReaderMutexLock lock(&u->mu);
+    elements += static_cast<int64_t>(u->master->size());
+    for (const auto& p : u->published) c.published_bytes += p != nullptr ? p->extra_bytes() : 0;
+  }
   c.master_bytes = elements * static_cast<int64_t>(sizeof(float));
   c.moment_bytes = c.master_bytes;
   c.gradient_bytes = c.master_bytes;
-  c.state_bytes = c.master_bytes + 2 * c.moment_bytes + c.gradient_bytes;
+  c.state_bytes = c.master_bytes + 2 * c.moment_bytes + c.gradient_bytes + c.published_bytes;
   absl::MutexLock lock(&step_mu_);
   c.applied_updates = applied_updates_;
   c.skipped_steps = skipped_steps_;

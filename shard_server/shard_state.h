@@ -1,9 +1,9 @@
 // The model state one shard server owns: for every unit, its slice of the
 // fp32 master weights, AdamW m and v, the gradient being reduced for the
-// current step, and the published version (its bytes in every wire encoding
-// are fixed by checksums at publish time and encoded on demand from the
-// master, which does not change until the next version); plus the step
-// barrier that says which contributions the current step still needs.
+// current step, and the published version: its bytes in every wire encoding
+// in use with their checksums (PublishedSlice), made once at publish and
+// sent from by every fetch; plus the step barrier that says which
+// contributions the current step still needs.
 #ifndef PSHARD_SHARD_SERVER_SHARD_STATE_H_
 #define PSHARD_SHARD_SERVER_SHARD_STATE_H_
 
@@ -23,6 +23,7 @@
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
 #include "shard_server/checkpoint.h"
+#include "shard_server/published_slice.h"
 
 namespace pshard {
 
@@ -95,12 +96,13 @@ class ShardState {
   /// DeadlineExceeded naming what the server waits for at `deadline`.
   void WhenPublished(int unit, int64_t version, absl::Time deadline,
                      std::shared_ptr<OneShotWaiter> waiter);
-  /// Copies encoded elements [offset, offset + count) of the unit's slice at
-  /// `version` into `out`; Aborted if the unit moved on meanwhile.
-  absl::Status CopyPublished(int unit, int64_t version, WireEncoding encoding, int64_t offset,
-                             int64_t count, std::string* out) const;
-  /// CRC-32C of the whole encoded slice at the unit's current version.
-  absl::StatusOr<uint32_t> PublishedChecksum(int unit, int64_t version, WireEncoding encoding) const;
+  /// The unit's slice at `version` (its current one) in `encoding`, to send
+  /// from: hold it while sending, the bytes stay valid and unchanged.
+  /// FailedPrecondition if the unit is at another version. The first
+  /// request of an encoding encodes the current version; from then on every
+  /// version is encoded in it once, at publish.
+  absl::StatusOr<std::shared_ptr<const PublishedSlice>> Published(int unit, int64_t version,
+                                                                  WireEncoding encoding);
 
   // ---- push side ----
   /// Validates a push's identity before any data is read.
@@ -147,6 +149,7 @@ class ShardState {
     int64_t master_bytes = 0;    ///< fp32 master slices
     int64_t moment_bytes = 0;    ///< each of Adam's m and v
     int64_t gradient_bytes = 0;  ///< the averaged gradient a complete step reduces to
+    int64_t published_bytes = 0;  ///< the encoded views of the published version (bf16: 2 B/element)
   };
   Counters counters() const;
 
@@ -161,6 +164,8 @@ class ShardState {
   const JobLayout layout_;
   const int shard_index_;
   std::vector<std::unique_ptr<UnitState>> units_;
+  // Encodings that fetches have asked for: published for every version.
+  std::atomic<uint32_t> encodings_in_use_{0};
 
   mutable absl::Mutex step_mu_;
   int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;

@@ -84,6 +84,7 @@ void StepDriver::Record(const StepOutcome& outcome, absl::Duration contributions
   metrics_->step.Set(static_cast<double>(outcome.step + 1));
   for (metrics::Gauge* v : metrics_->unit_version) v->Set(static_cast<double>(outcome.step + 1));
   metrics_->grad_norm.Set(outcome.grad_norm);
+  metrics_->state_published_bytes.Set(static_cast<double>(state_->counters().published_bytes));
   if (outcome.skipped) {
     metrics_->skipped_steps.Increment();
     return;

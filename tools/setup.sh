@@ -5,6 +5,7 @@
 #   PSHARD_BUILD_DIR=dir      build elsewhere
 #   PSHARD_CMAKE_ARGS="..."   extra CMake arguments (the images build without tests)
 #   PSHARD_PACKAGES=image     install the image build stage's share of the list
+#   PSHARD_PACKAGES=bench     also install the benchmarks' baselines (python3-torch)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t packages < <(tools/packages.sh "${PSHARD_PACKAGES:-all}")

@@ -28,6 +28,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
     chunk_elements_ = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding_)));
     waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
       if (!s.ok()) return FinishWith(s);
+      absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
+          state_->Published(request_.unit(), request_.version(), encoding_);
+      if (!slice.ok()) return FinishWith(slice.status());
+      slice_ = std::move(*slice);
       WriteNext();
     });
     state->WhenPublished(request.unit(), request.version(), wait_deadline, waiter_);
@@ -56,19 +60,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
     if (offset_ >= slice_length_) return FinishWith(absl::OkStatus());
     chunk_.Clear();
     const int64_t count = std::min(chunk_elements_, slice_length_ - offset_);
-    absl::Status s = state_->CopyPublished(request_.unit(), request_.version(), encoding_, offset_,
-                                           count, chunk_.mutable_data());
-    if (s.ok() && offset_ == 0) {
-      absl::StatusOr<uint32_t> checksum =
-          state_->PublishedChecksum(request_.unit(), request_.version(), encoding_);
-      s = checksum.status();
-      if (s.ok()) {
-        chunk_.set_checksum(*checksum);
-        chunk_.set_slice_length(slice_length_);
-        chunk_.set_version(request_.version());
-      }
+    const size_t width = BytesPerElement(encoding_);
+    chunk_.set_data(slice_->bytes().data() + offset_ * width, count * width);
+    if (offset_ == 0) {
+      chunk_.set_checksum(slice_->checksum());
+      chunk_.set_slice_length(slice_length_);
+      chunk_.set_version(request_.version());
     }
-    if (!s.ok()) return FinishWith(s);
     chunk_.set_offset(offset_);
     offset_ += count;
     StartWrite(&chunk_);
@@ -85,6 +83,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
   int64_t offset_ = 0;
   v1::FetchChunk chunk_;
   std::shared_ptr<OneShotWaiter> waiter_;
+  std::shared_ptr<const PublishedSlice> slice_;  // the version's bytes, held while streaming
 };
 
 // Receives one gradient slice; commits it only once it is complete.

@@ -17,7 +17,10 @@ constexpr const char* kTransport = "ucx";
 // A reply and what it sends, kept alive until UCX is done with them.
 struct Reply {
   ucx::ReplyHeader header;
-  std::string data;
+  std::shared_ptr<const PublishedSlice> slice;  // a fetch reply's payload, held until sent
+  std::span<const std::byte> payload() const {
+    return slice != nullptr ? slice->bytes() : std::span<const std::byte>();
+  }
 };
 
 absl::Status UnknownToken() {
@@ -66,8 +69,8 @@ bool IsRendezvous(const ucp_am_recv_param_t* param) {
 }  // namespace
 
 void UcxService::Impl::Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank) {
-  const size_t bytes = sizeof(reply->header) + reply->data.size();
-  ucx::SendAm(ep, id, &reply->header, sizeof(reply->header), reply->data.data(), reply->data.size(),
+  const size_t bytes = sizeof(reply->header) + reply->payload().size();
+  ucx::SendAm(ep, id, &reply->header, sizeof(reply->header), reply->payload().data(), reply->payload().size(),
               /*reply=*/true, [reply, bytes, rank, metrics = metrics, id](ucs_status_t s) {
                 if (s == UCS_OK && id == ucx::kFetchReply) {
                   metrics->bytes_out(rank, kTransport).Increment(static_cast<double>(bytes));
@@ -127,19 +130,19 @@ void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, W
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = request.request_id;
   if (status.ok()) {
-    const int64_t length = state->slice_length(request.unit);
-    status = state->CopyPublished(request.unit, request.version, encoding, 0, length, &reply->data);
-    absl::StatusOr<uint32_t> checksum = state->PublishedChecksum(request.unit, request.version, encoding);
-    if (status.ok()) status = checksum.status();
+    absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
+        state->Published(request.unit, request.version, encoding);
+    status = slice.status();
     if (status.ok()) {
-      reply->header.checksum = *checksum;
+      reply->slice = std::move(*slice);
+      reply->header.checksum = reply->slice->checksum();
       reply->header.version = request.version;
-      reply->header.slice_length = length;
+      reply->header.slice_length = reply->slice->elements();
     }
   }
   if (!status.ok()) {
     metrics->Reject(status);
-    reply->data.clear();
+    reply->slice = nullptr;
     reply->header.status_code = static_cast<int32_t>(status.code());
     reply->header.SetMessage(status.message());
   }

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/checksum.h"
 #include "common/bf16.h"
 #include "gtest/gtest.h"
 
@@ -135,6 +137,38 @@ TEST(WireEncodingTest, UnalignedBuffersAndExactSize) {
       std::vector<float> expected = values;
       RoundTripInPlace(e, expected);
       for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(decoded[i], expected[i]) << i;
+    }
+  }
+}
+
+// Values of every kind bf16 rounds, for `n` elements.
+std::vector<float> MixedValues(size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((static_cast<double>(i) - n / 3.0) * 1.0001e-3);
+  return v;
+}
+
+TEST(WireEncodingTest, DecodingWithTheChecksumEqualsDecodingThenChecksumming) {
+  for (WireEncoding e : kAllEncodings) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{4095}, size_t{4096}, size_t{8193}, size_t{20000}}) {
+      SCOPED_TRACE(absl::StrCat(std::string(WireEncodingName(e)), ", ", n, " elements"));
+      const std::vector<float> values = MixedValues(n);
+      std::vector<std::byte> wire(n * BytesPerElement(e));
+      EncodeElements(e, values, wire.data());
+      std::vector<float> want(n);
+      DecodeElements(e, wire.data(), want);
+      const uint32_t want_crc = Crc32c(wire.data(), wire.size(), 42);
+
+      std::vector<float> got(n, -1.0f);
+      EXPECT_EQ(DecodeAndChecksum(e, wire.data(), got, 42), want_crc);
+      EXPECT_EQ(got, want);
+
+      // Received into the tail of the slice's own buffer, decoded in place.
+      std::vector<float> buffer(n, -1.0f);
+      std::memcpy(reinterpret_cast<std::byte*>(buffer.data()) + buffer.size() * sizeof(float) - wire.size(),
+                  wire.data(), wire.size());
+      EXPECT_EQ(DecodeTailInPlaceAndChecksum(e, buffer, 42), want_crc);
+      EXPECT_EQ(buffer, want);
     }
   }
 }

@@ -94,9 +94,8 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
         received_ + count > slice_.length) {
       return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk_.offset()));
     }
-    crc_ = Crc32c(chunk_.data().data(), chunk_.data().size(), crc_);
-    DecodeElements(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
-                   std::span<float>(dest_ + received_, count));
+    crc_ = DecodeAndChecksum(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
+                             std::span<float>(dest_ + received_, count), crc_);
     received_ += count;
     wire_bytes_ += static_cast<int64_t>(chunk_.ByteSizeLong());
     return absl::OkStatus();

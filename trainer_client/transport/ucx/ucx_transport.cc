@@ -33,7 +33,6 @@ struct UcxContext::Op {
   ucx::FetchHeader fetch;
   FetchArgs fetch_args;
   float* dest = nullptr;
-  std::string staged;   // encoded slice when it cannot land in dest
   bool receiving = false;  // rendezvous data is being written
   bool expired = false;    // the deadline passed while receiving
   uint32_t checksum = 0;
@@ -47,18 +46,18 @@ struct UcxContext::Op {
     }
     done(std::move(status), wire_bytes);
   }
-  // Verifies and decodes the slice held in `bytes` (dest itself for fp32
-  // rendezvous) and ends the fetch.
-  void FinishFetch(const void* bytes, size_t length) {
+  // Verifies and decodes the slice, in one pass, from `bytes` (a received
+  // eager message; null when rendezvous put it in dest's tail, or in dest
+  // itself for fp32), and ends the fetch.
+  void FinishFetch(const void* bytes) {
     if (expired) return Finish(absl::DeadlineExceededError(absl::StrCat(
                          "no reply over UCX within ", absl::FormatDuration(timeout))));
-    const uint32_t crc = Crc32c(bytes, length);
+    const std::span<float> slice(dest, fetch_args.slice.length);
+    const uint32_t crc =
+        bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.encoding, slice, 0)
+                         : DecodeAndChecksum(fetch_args.encoding, static_cast<const std::byte*>(bytes), slice, 0);
     if (crc != checksum) {
       return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
-    }
-    if (bytes != dest) {
-      DecodeElements(fetch_args.encoding, static_cast<const std::byte*>(bytes),
-                     std::span<float>(dest, fetch_args.slice.length));
     }
     Finish(absl::OkStatus());
   }
@@ -123,8 +122,7 @@ void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, 
   op.owner->Take(op.id);  // ended here, whatever its deadline did
   if (request != nullptr) ucp_request_free(request);
   if (status != UCS_OK) return op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
-  const void* bytes = op.staged.empty() ? static_cast<const void*>(op.dest) : op.staged.data();
-  op.FinishFetch(bytes, length);
+  op.FinishFetch(nullptr);
 }
 
 ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -163,15 +161,12 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
   }
   op->checksum = reply.checksum;
   if (!rendezvous) {
-    op->FinishFetch(data, length);
+    op->FinishFetch(data);
     return UCS_OK;
   }
-  // Rendezvous: fp32 lands straight in dest; other encodings are staged and decoded.
-  void* target = op->dest;
-  if (args.encoding != WireEncoding::kFp32) {
-    op->staged.resize(length);
-    target = op->staged.data();
-  }
+  // Rendezvous: the encoded bytes land in the tail of the slice's own fp32
+  // buffer (all of it for fp32) and are decoded there, in place.
+  void* target = reinterpret_cast<std::byte*>(op->dest) + args.slice.length * sizeof(float) - length;
   op->receiving = true;
   self->pending_[op->id] = op;  // until the data is in (a deadline then only marks it)
   auto* holder = new std::shared_ptr<Op>(op);
