@@ -73,7 +73,7 @@ bool TreeReducer::Covers(int begin, int count) const {
   return it->first <= begin && begin + count <= it->first + it->second.count;
 }
 
-absl::Status TreeReducer::Add(int begin, int count, std::vector<float> values) {
+absl::Status TreeReducer::Add(int begin, int count, ReductionValues values) {
   if (count < 1 || !IsReductionTreeNode(n_, begin, count)) {
     return absl::InvalidArgumentError(absl::StrCat("contributions [", begin, ", ", begin + count,
                                                    ") do not form a node of the reduction over ", n_));
@@ -105,7 +105,7 @@ absl::Status TreeReducer::Add(int begin, int count, std::vector<float> values) {
         r->second.count != parent_count - (right - left)) {
       break;
     }
-    AddInto(l->second.values, r->second.values);
+    l->second.values.Add(r->second.values);
     l->second.count = parent_count;
     done_.erase(r);
     begin = left;
@@ -113,8 +113,8 @@ absl::Status TreeReducer::Add(int begin, int count, std::vector<float> values) {
   return absl::OkStatus();
 }
 
-std::vector<float> TreeReducer::TakeTotal() {
-  std::vector<float> out = std::move(done_.begin()->second.values);
+ReductionValues TreeReducer::TakeTotalValues() {
+  ReductionValues out = std::move(done_.begin()->second.values);
   done_.clear();
   return out;
 }

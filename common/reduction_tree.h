@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/reduction_values.h"
 
 namespace pshard {
 
@@ -35,18 +36,24 @@ class TreeReducer {
 
   /// Adds the sum of leaves [begin, begin + count). InvalidArgument if that
   /// is not a node or overlaps what was added; the reducer is then unchanged.
-  absl::Status Add(int begin, int count, std::vector<float> values);
+  /// Values held encoded stay so until a sibling is added to them.
+  absl::Status Add(int begin, int count, ReductionValues values);
+  absl::Status Add(int begin, int count, std::vector<float> values) {
+    return Add(begin, count, ReductionValues(std::move(values)));
+  }
   /// True if the node [begin, begin + count) is covered by what was added.
   bool Covers(int begin, int count) const;
   bool complete() const { return done_.size() == 1 && done_.begin()->first == 0 && done_.begin()->second.count == n_; }
   /// The total; valid once complete(). Leaves the reducer empty.
-  std::vector<float> TakeTotal();
+  std::vector<float> TakeTotal() { return std::move(TakeTotalValues()).TakeFloats(); }
+  /// The same, still encoded when it is a single leaf that arrived encoded.
+  ReductionValues TakeTotalValues();
   int leaves() const { return n_; }
 
  private:
   struct Node {
     int count = 0;
-    std::vector<float> values;
+    ReductionValues values;
   };
   // The parent of node [begin, begin + count), or {-1, 0} for the root.
   std::pair<int, int> Parent(int begin, int count) const;

@@ -48,12 +48,13 @@ struct ShardState::UnitState {
   int64_t reduce_step = 0;
   std::vector<TreeReducer> rank_trees;  // one per slot
   std::optional<TreeReducer> slot_tree;
-  std::vector<float> running;                 // non-deterministic sum
+  ReductionValues running;                    // non-deterministic sum
   std::vector<std::vector<char>> received;    // [slot][rank]
   int received_count = 0;                     // (slot, rank) pairs covered
   // The averaged gradient of a complete step: written by FinishReduction,
-  // read by ApplyStep (the step driver's thread only).
-  std::vector<float> grad;
+  // read by ApplyStep (the step driver's thread only). A lone contribution
+  // that arrived encoded stays encoded (the mean of one is itself).
+  ReductionValues grad;
 
   // Makes this version's bytes: the fp32 view of the master, and each other
   // encoding in `encodings` (a bit per EncodingSlot), reusing the previous
@@ -196,14 +197,14 @@ absl::Status ShardState::CheckPush(const ContributionId& id) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, std::vector<float> values) {
+absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, ReductionValues values) {
   RETURN_IF_ERROR(CheckPush(id));
   UnitState& u = *units_[id.unit];
   if (static_cast<int64_t>(values.size()) != slice_length(id.unit)) {
     return absl::InvalidArgumentError(absl::StrCat("gradient of unit ", id.unit, " has ", values.size(),
                                                    " elements; the slice has ", slice_length(id.unit)));
   }
-  const bool finite = std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); });
+  const bool finite = values.AllFinite();
   absl::MutexLock lock(&step_mu_);
   if (u.reduce_step != id.step) {  // moved on between the check and the lock
     return absl::FailedPreconditionError(
@@ -223,16 +224,16 @@ absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id,
     // are dropped, and every shard skips this step's update.
     if (!non_finite_) non_finite_source_ = absl::StrCat("trainer ", id.trainer, ", unit ", id.unit);
     non_finite_ = true;
-    values.assign(values.size(), 0.0f);
+    values.Zero();
   }
   if (job_.deterministic) {
     TreeReducer& ranks = u.rank_trees[id.micro];
     RETURN_IF_ERROR(ranks.Add(id.trainer, id.rank_count, std::move(values)));
-    if (ranks.complete()) RETURN_IF_ERROR(u.slot_tree->Add(id.micro, 1, ranks.TakeTotal()));
-  } else if (u.running.empty()) {
+    if (ranks.complete()) RETURN_IF_ERROR(u.slot_tree->Add(id.micro, 1, ranks.TakeTotalValues()));
+  } else if (u.received_count == 0) {
     u.running = std::move(values);
   } else {
-    for (size_t i = 0; i < values.size(); ++i) u.running[i] += values[i];
+    u.running.Add(values);
   }
   std::fill(received.begin() + id.trainer, received.begin() + id.trainer + id.rank_count, 1);
   u.received_count += id.rank_count;
@@ -244,7 +245,7 @@ void ShardState::ResetReduction(UnitState& u) {
   const int slots = job_.reduction_slots();
   u.rank_trees.assign(slots, TreeReducer(job_.num_trainers));
   u.slot_tree.emplace(slots);
-  u.running.clear();
+  u.running = ReductionValues();
   u.received.assign(slots, std::vector<char>(job_.num_trainers, 0));
   u.received_count = 0;
 }
@@ -270,8 +271,12 @@ StepNorm ShardState::FinishReduction() {
   // The mean over every micro-batch of every trainer.
   const float contributions = static_cast<float>(job_.num_trainers) * static_cast<float>(job_.micro_batches);
   for (auto& u : units_) {
-    u->grad = job_.deterministic ? u->slot_tree->TakeTotal() : std::move(u->running);
-    for (float& g : u->grad) g = g / contributions;
+    u->grad = job_.deterministic ? u->slot_tree->TakeTotalValues() : std::move(u->running);
+    if (contributions != 1.0f) {  // g / 1 is g: a lone contribution may stay encoded
+      std::vector<float> mean = std::move(u->grad).TakeFloats();
+      for (float& g : mean) g = g / contributions;
+      u->grad = ReductionValues(std::move(mean));
+    }
     norm.total_sum_of_squares += SumOfSquares(u->grad);
   }
   return norm;
@@ -312,14 +317,16 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
       absl::MutexLock unit_lock(&u.mu);
       if (!skip) {
         u.DetachMasterFromReaders();
-        AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, u.grad, u.decay_runs, &norms);
+        // An encoded gradient is decoded for this unit only, for the update.
+        const std::vector<float> grad = std::move(u.grad).TakeFloats();
+        AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, grad, u.decay_runs, &norms);
         u.Publish(encodings_in_use_.load());
       }
       {
         // Open the next step's reduction before anyone can fetch version
         // step + 1 and push for it.
         absl::MutexLock step_lock(&step_mu_);
-        std::vector<float>().swap(u.grad);
+        u.grad = ReductionValues();
         ResetReduction(u);
         u.reduce_step = step + 1;
         --units_complete_;

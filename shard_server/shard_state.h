@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
 #include "common/job_config.h"
+#include "common/reduction_values.h"
 #include "common/wire_encoding.h"
 #include "shard_server/checkpoint.h"
 #include "shard_server/published_slice.h"
@@ -107,10 +108,14 @@ class ShardState {
   // ---- push side ----
   /// Validates a push's identity before any data is read.
   absl::Status CheckPush(const ContributionId& id) const;
-  /// Adds one complete gradient slice (decoded to fp32) to the step's
-  /// reduction, exactly once per contribution: a repeat is a duplicate, a
-  /// partial overlap with what arrived is refused.
-  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, std::vector<float> values);
+  /// Adds one complete gradient slice to the step's reduction, exactly once
+  /// per contribution: a repeat is a duplicate, a partial overlap with what
+  /// arrived is refused. A slice may stay in its wire encoding until it is
+  /// added to another (ReductionValues: the sums are fp32 all the same).
+  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, ReductionValues values);
+  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, std::vector<float> values) {
+    return Contribute(id, ReductionValues(std::move(values)));
+  }
 
   // ---- the step (called by the step driver) ----
   /// Blocks until every contribution of the current step is in, or until

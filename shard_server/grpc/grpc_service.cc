@@ -1,6 +1,7 @@
 #include "shard_server/grpc/grpc_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -126,7 +127,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
             "wrong length: push of unit ", chunk_.unit(), " declares ", chunk_.slice_length(),
             " elements; this shard's slice has ", expected));
       }
-      staged_.resize(expected);
+      staged_ = ReductionValues::Allocate(encoding_, expected);
     } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
                chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
                chunk_.slice_length() != first_.slice_length() || chunk_.micro_batch() != first_.micro_batch() ||
@@ -146,8 +147,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
           "wrong length: chunk ", chunks_, " covers elements [", chunk_.offset(), ", ",
           chunk_.offset() + count, ") after ", received_, " of ", staged_.size(), " received"));
     }
-    DecodeElements(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
-                   std::span<float>(staged_.data() + received_, count));
+    std::memcpy(staged_.mutable_bytes().data() + received_ * width, chunk_.data().data(), chunk_.data().size());
     metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(chunk_.ByteSizeLong()));
     received_ += count;
     ++chunks_;
@@ -196,7 +196,7 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
   v1::PushChunk chunk_;
   v1::PushChunk first_;
   WireEncoding encoding_ = WireEncoding::kFp32;
-  std::vector<float> staged_;
+  ReductionValues staged_;  // the slice as it arrives, in its encoding
   const absl::Time start_;
   int64_t received_ = 0;
   int chunks_ = 0;

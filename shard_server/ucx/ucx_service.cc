@@ -1,6 +1,7 @@
 #include "shard_server/ucx/ucx_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -45,12 +46,15 @@ struct UcxService::Impl : std::enable_shared_from_this<Impl> {
   // Progress thread only.
   void Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank);
   void Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status);
-  // Any thread: copies the published slice and hands the reply to the worker.
+  // Any thread: takes the published slice and hands the reply to the worker.
   void SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, WireEncoding encoding, int rank,
                  absl::Status status);
   absl::Status CheckPush(const ucx::PushHeader& h, size_t length, WireEncoding* encoding) const;
+  // An eager push's data (in UCX's buffer) is copied; a rendezvous one was
+  // received into `values`.
   void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding, const void* data,
                     size_t length);
+  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length);
   // A rendezvous push being received.
   struct PushReceive;
   static void PushReceived(void* request, ucs_status_t status, size_t length, void* user_data);
@@ -171,11 +175,15 @@ absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length
 
 void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding,
                                     const void* data, size_t length) {
+  ReductionValues values = ReductionValues::Allocate(encoding, h.slice_length);
+  std::memcpy(values.mutable_bytes().data(), data, length);
+  CompletePush(ep, h, std::move(values), length);
+}
+
+void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length) {
   metrics->bytes_in(h.trainer, kTransport).Increment(static_cast<double>(sizeof(h) + length));
-  std::vector<float> staged(h.slice_length);
-  DecodeElements(encoding, static_cast<const std::byte*>(data), std::span<float>(staged));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
-  absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(staged));
+  absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(values));
   if (!d.ok()) return Refuse(ep, ucx::kPushReply, h.request_id, d.status());
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = h.request_id;
@@ -202,8 +210,7 @@ struct UcxService::Impl::PushReceive {
   Impl* impl;
   ucp_ep_h ep;
   ucx::PushHeader header;
-  WireEncoding encoding;
-  std::string buffer;
+  ReductionValues values;  // received straight into, in its encoding
 };
 
 void UcxService::Impl::PushReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
@@ -212,7 +219,7 @@ void UcxService::Impl::PushReceived(void* request, ucs_status_t status, size_t l
     r->impl->Refuse(r->ep, ucx::kPushReply, r->header.request_id,
                     PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
   } else {
-    r->impl->CompletePush(r->ep, r->header, r->encoding, r->buffer.data(), r->buffer.size());
+    r->impl->CompletePush(r->ep, r->header, std::move(r->values), length);
   }
   if (request != nullptr) ucp_request_free(request);
 }
@@ -235,12 +242,13 @@ ucs_status_t UcxService::Impl::OnPush(void* arg, const void* header, size_t head
     self->CompletePush(ep, h, encoding, data, length);
     return UCS_OK;
   }
-  auto* r = new PushReceive{self, ep, h, encoding, std::string(length, '\0')};
+  auto* r = new PushReceive{self, ep, h, ReductionValues::Allocate(encoding, h.slice_length)};
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.recv_am = PushReceived;
   rp.user_data = r;
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(self->worker->worker(), data, r->buffer.data(), length, &rp);
+  ucs_status_ptr_t request =
+      ucp_am_recv_data_nbx(self->worker->worker(), data, r->values.mutable_bytes().data(), length, &rp);
   if (request == nullptr) {
     PushReceived(nullptr, UCS_OK, length, r);
   } else if (UCS_PTR_IS_ERR(request)) {

@@ -1,0 +1,96 @@
+#include "common/reduction_values.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/bf16.h"
+
+namespace pshard {
+namespace {
+
+// Elements decoded at once when an encoded side is read.
+constexpr size_t kBlock = 4096;
+
+}  // namespace
+
+ReductionValues ReductionValues::Allocate(WireEncoding encoding, size_t elements) {
+  ReductionValues v;
+  v.encoding_ = encoding;
+  v.size_ = elements;
+  if (encoding == WireEncoding::kFp32) {
+    v.fp32_.resize(elements);
+  } else {
+    v.encoded_.resize(elements * BytesPerElement(encoding));
+  }
+  return v;
+}
+
+std::span<std::byte> ReductionValues::mutable_bytes() {
+  if (!encoded()) return {reinterpret_cast<std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
+  return encoded_;
+}
+
+int64_t ReductionValues::memory_bytes() const {
+  return static_cast<int64_t>(encoded() ? encoded_.size() : fp32_.size() * sizeof(float));
+}
+
+bool ReductionValues::AllFinite() const {
+  if (!encoded()) return std::all_of(fp32_.begin(), fp32_.end(), [](float x) { return std::isfinite(x); });
+  // bf16: an exponent of all ones is an infinity or a NaN.
+  for (size_t i = 0; i < size_; ++i) {
+    uint16_t b;
+    std::memcpy(&b, encoded_.data() + 2 * i, 2);
+    if ((b & 0x7f80u) == 0x7f80u) return false;
+  }
+  return true;
+}
+
+void ReductionValues::Zero() {
+  std::fill(fp32_.begin(), fp32_.end(), 0.0f);
+  std::fill(encoded_.begin(), encoded_.end(), std::byte{0});  // bf16 +0 is all zero bits
+}
+
+void ReductionValues::Read(size_t offset, std::span<float> out) const {
+  if (!encoded()) {
+    std::memcpy(out.data(), fp32_.data() + offset, out.size_bytes());
+    return;
+  }
+  DecodeElements(encoding_, encoded_.data() + offset * BytesPerElement(encoding_), out);
+}
+
+void ReductionValues::Add(const ReductionValues& other) {
+  if (encoded()) *this = ReductionValues(std::move(*this).TakeFloats());
+  if (!other.encoded()) {
+    for (size_t i = 0; i < size_; ++i) fp32_[i] = fp32_[i] + other.fp32_[i];
+    return;
+  }
+  float block[kBlock];
+  for (size_t at = 0; at < size_; at += kBlock) {
+    const size_t n = std::min(kBlock, size_ - at);
+    other.Read(at, std::span<float>(block, n));
+    for (size_t i = 0; i < n; ++i) fp32_[at + i] = fp32_[at + i] + block[i];
+  }
+}
+
+std::vector<float> ReductionValues::TakeFloats() && {
+  if (!encoded()) return std::move(fp32_);
+  std::vector<float> out(size_);
+  Read(0, out);
+  encoded_ = {};
+  encoding_ = WireEncoding::kFp32;
+  return out;
+}
+
+double SumOfSquares(const ReductionValues& values) {
+  double sum = 0.0;
+  float block[kBlock];
+  for (size_t at = 0; at < values.size(); at += kBlock) {
+    const size_t n = std::min(kBlock, values.size() - at);
+    values.Read(at, std::span<float>(block, n));
+    for (size_t i = 0; i < n; ++i) sum += static_cast<double>(block[i]) * static_cast<double>(block[i]);
+  }
+  return sum;
+}
+
+}  // namespace pshard
