@@ -1,11 +1,15 @@
-// Fetch bandwidth: one ~64 MiB unit fetched from N shard servers into one
-// trainer buffer, against iperf3's single-stream loopback bandwidth measured
-// in the same run. Prints the ratio (goal >= 0.8).
+// Fetch and push bandwidth: one ~64 MiB unit fetched from N shard servers
+// into one trainer buffer, and its gradient pushed from one trainer to the N
+// servers (a repeated push of the same contribution moves every byte and is
+// then acknowledged as a duplicate), against iperf3's single-stream loopback
+// bandwidth measured in the same run. Prints the ratios (goals: fetch >=
+// 0.8, push >= 0.7) and elements per second, to compare encodings.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <regex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -38,7 +42,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> addresses = (*cluster)->addresses();
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
-  options.trainer_rank = -1;
+  options.trainer_rank = 0;  // the job's one trainer: it may push
   options.encoding = *encoding;
   options.transport = absl::GetFlag(FLAGS_transport);
   auto client = pshard::ShardClient::Connect(options);
@@ -47,26 +51,40 @@ int main(int argc, char** argv) {
   const int64_t bytes = (*client)->layout().partitions[unit].padded_numel() *
                         static_cast<int64_t>(pshard::BytesPerElement(*encoding));
 
-  std::vector<double> seconds;
-  for (int r = 0; r <= absl::GetFlag(FLAGS_repeats); ++r) {
-    const absl::Time start = absl::Now();
-    absl::Status s = (*client)->StartFetch(unit, 0)->Wait();
-    if (!s.ok()) return pshard::bench::Fail(s);
-    if (r > 0) seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));  // r = 0 warms up
-  }
-  std::sort(seconds.begin(), seconds.end());
-  const double median = seconds[seconds.size() / 2];
-  const double fetch_gbps = bytes / median / 1e9;
-  const double best_gbps = bytes / seconds.front() / 1e9;
+  // Median and best seconds of `fn` over the repeats, after one warm-up.
+  struct Timing {
+    double median = 0, best = 0;
+    size_t runs = 0;
+  };
+  auto time = [&](auto fn) -> absl::StatusOr<Timing> {
+    std::vector<double> seconds;
+    for (int r = 0; r <= absl::GetFlag(FLAGS_repeats); ++r) {
+      const absl::Time start = absl::Now();
+      if (absl::Status s = fn(); !s.ok()) return s;
+      if (r > 0) seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    std::sort(seconds.begin(), seconds.end());
+    return Timing{seconds[seconds.size() / 2], seconds.front(), seconds.size()};
+  };
+  const int64_t elements = (*client)->layout().partitions[unit].padded_numel();
+  absl::StatusOr<Timing> fetch = time([&] { return (*client)->StartFetch(unit, 0)->Wait(); });
+  if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
+  const std::vector<float> gradient(elements, 1e-3f);
+  absl::StatusOr<Timing> push = time([&] { return (*client)->StartPush(unit, 0, gradient)->Wait(); });
+  if (!push.ok()) return pshard::bench::Fail(push.status());
 
   absl::StatusOr<double> iperf = pshard::bench::IperfLoopbackBytesPerSecond(absl::GetFlag(FLAGS_iperf_seconds));
   if (!iperf.ok()) return pshard::bench::Fail(iperf.status());
   const double iperf_gbps = *iperf / 1e9;
-  std::printf("fetch of one unit: %.1f MiB (%s) from %d shard servers over %s\n", bytes / 1048576.0,
-              absl::GetFlag(FLAGS_encoding).c_str(), n, (*client)->transport_name(0).c_str());
-  std::printf("  pshard fetch : median %.2f GB/s (best %.2f GB/s, median %.1f ms, %zu runs)\n", fetch_gbps,
-              best_gbps, median * 1e3, seconds.size());
+  std::printf("one unit: %.1f MiB (%s, %.1fM elements) between 1 trainer and %d shard servers over %s\n",
+              bytes / 1048576.0, absl::GetFlag(FLAGS_encoding).c_str(), elements / 1e6, n,
+              (*client)->transport_name(0).c_str());
+  for (const auto& [what, t, goal] : {std::tuple{"fetch", *fetch, 0.8}, std::tuple{"push ", *push, 0.7}}) {
+    std::printf("  pshard %s : median %.2f GB/s = %.0fM elements/s (best %.2f GB/s, median %.1f ms, %zu runs); "
+                "ratio %.2f (goal >= %.2f)\n",
+                what, bytes / t.median / 1e9, elements / t.median / 1e6, bytes / t.best / 1e9, t.median * 1e3,
+                t.runs, bytes / t.median / 1e9 / iperf_gbps, goal);
+  }
   std::printf("  iperf3       : %.2f GB/s single-stream loopback\n", iperf_gbps);
-  std::printf("  ratio        : %.2f (goal >= 0.80)\n", fetch_gbps / iperf_gbps);
   return 0;
 }
