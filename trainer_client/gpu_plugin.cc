@@ -51,7 +51,6 @@ absl::StatusOr<const GpuPlugin*> Load() {
   }
   return plugin;  // stays loaded for the life of the process
 #else
-  (void)kGpuPluginEntry;
   return absl::FailedPreconditionError("this build has no CUDA (configure with -DPSHARD_WITH_CUDA=ON)");
 #endif
 }
