@@ -90,7 +90,8 @@ void UnitTransfer::PartDone(absl::Status status, int64_t wire_bytes) {
 
 struct ShardClient::Shard {
   std::string address;
-  std::unique_ptr<v1::ShardService::Stub> stub;  // control plane (and the gRPC data path)
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::ShardService::Stub> stub;  // control plane
   std::unique_ptr<Transport> transport;          // data plane
   std::string ucx_address;                       // JoinResponse.ucx_address
   uint64_t session_token = 0;                    // JoinResponse.session_token
@@ -155,11 +156,12 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   const int n = static_cast<int>(options.server_addresses.size());
   client->shards_.resize(n);
   const grpc::ChannelArguments args = ServerChannelArguments(64 << 20);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs;
   JoinSpec join;
   for (const std::string& address : options.server_addresses) {
-    stubs.push_back(v1::ShardService::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    stubs.push_back(v1::ShardService::NewStub(channels.back()));
     join.stubs.push_back(stubs.back().get());
   }
   join.addresses = options.server_addresses;
@@ -198,6 +200,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
     joined_steps[index] = joined.current_step();
     client->shards_[index] = std::make_unique<Shard>();
     client->shards_[index]->address = address;
+    client->shards_[index]->channel = channels[i];
     client->shards_[index]->stub = std::move(stubs[i]);
     client->shards_[index]->ucx_address = joined.ucx_address();
     client->shards_[index]->session_token = joined.session_token();
@@ -276,7 +279,7 @@ absl::Status ShardClient::CreateTransports() {
     }
 #endif
     GrpcTransport::Spec spec;
-    spec.stub = shard.stub.get();
+    spec.channel = shard.channel;
     spec.shard = static_cast<int>(s);
     spec.address = shard.address;
     spec.link = options_.link;

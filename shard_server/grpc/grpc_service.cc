@@ -5,27 +5,34 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "proto/chunk_frame.h"
 #include "proto/rpc_util.h"
 
 namespace pshard {
 namespace {
 
 // Streams one slice at one version, chunk by chunk, once it is published.
-class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
+// Each chunk's data is a slice over the published bytes: nothing is copied
+// here, and the version's bytes stay alive while gRPC still holds a chunk.
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  FetchReactor(ShardState* state, ServerMetrics* metrics, const v1::FetchRequest& request,
+  FetchReactor(ShardState* state, ServerMetrics* metrics, const grpc::ByteBuffer& request_frame,
                absl::Time wait_deadline, int64_t chunk_bytes)
-      : state_(state), metrics_(metrics), request_(request), start_(absl::Now()),
-        bytes_out_(&metrics->bytes_out(request.trainer_rank())) {
-    absl::StatusOr<WireEncoding> encoding = EncodingFromProto(request.encoding());
-    absl::Status status = encoding.status();
-    if (status.ok()) status = state->CheckFetch(request.unit(), request.version());
+      : state_(state), metrics_(metrics), start_(absl::Now()) {
+    absl::Status status = ParseMessage(request_frame, &request_);
+    absl::StatusOr<WireEncoding> encoding = WireEncoding::kFp32;
+    if (status.ok()) {
+      encoding = EncodingFromProto(request_.encoding());
+      status = encoding.status();
+    }
+    if (status.ok()) status = state->CheckFetch(request_.unit(), request_.version());
     if (!status.ok()) {
       FinishWith(status);
       return;
     }
+    bytes_out_ = &metrics->bytes_out(request_.trainer_rank());
     encoding_ = *encoding;
-    slice_length_ = state->slice_length(request.unit());
+    slice_length_ = state->slice_length(request_.unit());
     chunk_elements_ = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding_)));
     waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
       if (!s.ok()) return FinishWith(s);
@@ -35,12 +42,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
       slice_ = std::move(*slice);
       WriteNext();
     });
-    state->WhenPublished(request.unit(), request.version(), wait_deadline, waiter_);
+    state->WhenPublished(request_.unit(), request_.version(), wait_deadline, waiter_);
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) return FinishWith(absl::CancelledError("client went away"));
-    bytes_out_->Increment(static_cast<double>(chunk_.ByteSizeLong()));
+    bytes_out_->Increment(static_cast<double>(frame_.Length()));
     WriteNext();
   }
   void OnCancel() override {
@@ -59,48 +66,54 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchChunk> {
 
   void WriteNext() {
     if (offset_ >= slice_length_) return FinishWith(absl::OkStatus());
-    chunk_.Clear();
     const int64_t count = std::min(chunk_elements_, slice_length_ - offset_);
     const size_t width = BytesPerElement(encoding_);
-    chunk_.set_data(slice_->bytes().data() + offset_ * width, count * width);
+    v1::FetchChunk header;
     if (offset_ == 0) {
-      chunk_.set_checksum(slice_->checksum());
-      chunk_.set_slice_length(slice_length_);
-      chunk_.set_version(request_.version());
+      header.set_checksum(slice_->checksum());
+      header.set_slice_length(slice_length_);
+      header.set_version(request_.version());
     }
-    chunk_.set_offset(offset_);
+    header.set_offset(offset_);
+    frame_ = MakeFrame(header, kFetchChunkDataField,
+                       SliceOver(slice_->bytes().subspan(offset_ * width, count * width), slice_));
     offset_ += count;
-    StartWrite(&chunk_);
+    StartWrite(&frame_);
   }
 
   ShardState* const state_;
   ServerMetrics* const metrics_;
-  const v1::FetchRequest request_;
+  v1::FetchRequest request_;
   const absl::Time start_;
-  metrics::Counter* const bytes_out_;
+  metrics::Counter* bytes_out_ = nullptr;
   WireEncoding encoding_ = WireEncoding::kFp32;
   int64_t slice_length_ = 0;
   int64_t chunk_elements_ = 0;
   int64_t offset_ = 0;
-  v1::FetchChunk chunk_;
+  grpc::ByteBuffer frame_;
   std::shared_ptr<OneShotWaiter> waiter_;
   std::shared_ptr<const PublishedSlice> slice_;  // the version's bytes, held while streaming
 };
 
 // Receives one gradient slice; commits it only once it is complete.
-class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
+// Each chunk's data is moved once, from the slices gRPC received it in into
+// the reduction's buffer.
+class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(ShardState* state, ServerMetrics* metrics, grpc::CallbackServerContext* ctx,
-              v1::PushResponse* response)
-      : state_(state), metrics_(metrics), ctx_(ctx), response_(response), start_(absl::Now()) {
-    StartRead(&chunk_);
+              grpc::ByteBuffer* response)
+      : state_(state), metrics_(metrics), ctx_(ctx), response_frame_(response), start_(absl::Now()) {
+    StartRead(&frame_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return Complete();
-    absl::Status s = Accept();
+    absl::Status s = ParseFrame(frame_, kPushChunkDataField, &chunk_, &data_);
+    if (s.ok()) s = Accept();
+    frame_.Clear();
+    data_ = FrameData();
     if (!s.ok()) return FinishWith(s);
-    StartRead(&chunk_);
+    StartRead(&frame_);
   }
   void OnDone() override {
     metrics_->rpc_seconds(RpcMethod::kPush).Observe(absl::ToDoubleSeconds(absl::Now() - start_));
@@ -110,13 +123,13 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
  private:
   void FinishWith(const absl::Status& status) {
     if (!status.ok()) metrics_->Reject(status);
+    if (status.ok()) *response_frame_ = SerializeMessage(response_);
     Finish(ToGrpcStatus(status));
   }
 
   absl::Status Accept() {
     if (chunks_ == 0) {
       first_ = chunk_;
-      first_.clear_data();
       absl::StatusOr<WireEncoding> encoding = EncodingFromProto(chunk_.encoding());
       if (!encoding.ok()) return encoding.status();
       encoding_ = *encoding;
@@ -140,15 +153,19 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
                                                      " arrived where chunk ", chunks_, " was due"));
     }
     const size_t width = BytesPerElement(encoding_);
-    const int64_t count = static_cast<int64_t>(chunk_.data().size() / width);
-    if (chunk_.data().size() % width != 0 || chunk_.offset() != received_ ||
+    const int64_t count = static_cast<int64_t>(data_.size / width);
+    if (data_.size % width != 0 || chunk_.offset() != received_ ||
         received_ + count > static_cast<int64_t>(staged_.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "wrong length: chunk ", chunks_, " covers elements [", chunk_.offset(), ", ",
           chunk_.offset() + count, ") after ", received_, " of ", staged_.size(), " received"));
     }
-    std::memcpy(staged_.mutable_bytes().data() + received_ * width, chunk_.data().data(), chunk_.data().size());
-    metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(chunk_.ByteSizeLong()));
+    std::byte* to = staged_.mutable_bytes().data() + received_ * width;
+    for (std::span<const std::byte> piece : data_.pieces) {
+      std::memcpy(to, piece.data(), piece.size());
+      to += piece.size();
+    }
+    metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(frame_.Length()));
     received_ += count;
     ++chunks_;
     return absl::OkStatus();
@@ -172,17 +189,17 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
     if (!d.ok()) return FinishWith(d.status());
     switch (*d) {
       case PushDisposition::kAccepted:
-        response_->set_disposition(v1::PushResponse::ACCEPTED);
+        response_.set_disposition(v1::PushResponse::ACCEPTED);
         break;
       case PushDisposition::kDuplicate:
-        response_->set_disposition(v1::PushResponse::DUPLICATE);
+        response_.set_disposition(v1::PushResponse::DUPLICATE);
         metrics_->duplicate_pushes.Increment();
-        response_->set_detail("contribution already received; ignored");
+        response_.set_detail("contribution already received; ignored");
         break;
       case PushDisposition::kAcceptedNonFinite:
-        response_->set_disposition(v1::PushResponse::ACCEPTED_NON_FINITE);
+        response_.set_disposition(v1::PushResponse::ACCEPTED_NON_FINITE);
         metrics_->non_finite_pushes.Increment();
-        response_->set_detail(absl::StrCat("non-finite gradient: step ", first_.step(),
+        response_.set_detail(absl::StrCat("non-finite gradient: step ", first_.step(),
                                            " will be skipped on every shard"));
         break;
     }
@@ -192,8 +209,11 @@ class PushReactor final : public grpc::ServerReadReactor<v1::PushChunk> {
   ShardState* const state_;
   ServerMetrics* const metrics_;
   grpc::CallbackServerContext* const ctx_;
-  v1::PushResponse* const response_;
-  v1::PushChunk chunk_;
+  grpc::ByteBuffer* const response_frame_;
+  v1::PushResponse response_;
+  grpc::ByteBuffer frame_;
+  FrameData data_;  // chunk_'s data, pointing into frame_'s slices
+  v1::PushChunk chunk_;  // the chunk's other fields
   v1::PushChunk first_;
   WireEncoding encoding_ = WireEncoding::kFp32;
   ReductionValues staged_;  // the slice as it arrives, in its encoding
@@ -261,14 +281,14 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::FetchChunk>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
-                                                                  const v1::FetchRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
+                                                                    const grpc::ByteBuffer* request) {
   return new FetchReactor(state_, metrics_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
                           options_.fetch_chunk_bytes);
 }
 
-grpc::ServerReadReactor<v1::PushChunk>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
-                                                               v1::PushResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
+                                                                   grpc::ByteBuffer* response) {
   return new PushReactor(state_, metrics_, ctx, response);
 }
 

@@ -18,8 +18,17 @@
 
 namespace pshard {
 
+/// The generated callback service, with the data-carrying methods (Fetch,
+/// Push) taking their messages as raw frames (proto/chunk_frame.h) so that
+/// their bytes are not copied through protobuf.
+using ShardServiceBase = v1::ShardService::WithCallbackMethod_Join<
+    v1::ShardService::WithRawCallbackMethod_Fetch<v1::ShardService::WithRawCallbackMethod_Push<
+        v1::ShardService::WithCallbackMethod_AgreeNorm<v1::ShardService::WithCallbackMethod_GetStatus<
+            v1::ShardService::WithCallbackMethod_Announce<v1::ShardService::WithCallbackMethod_ReadMaster<
+                v1::ShardService::WithCallbackMethod_Rendezvous<v1::ShardService::Service>>>>>>>>;
+
 /// Serves one ShardState. Does not own it. Thread-safe.
-class ShardServiceImpl final : public v1::ShardService::CallbackService {
+class ShardServiceImpl final : public ShardServiceBase {
  public:
   struct Options {
     absl::Duration fetch_wait_limit = absl::Seconds(120);  ///< longest a fetch waits for a version
@@ -38,10 +47,12 @@ class ShardServiceImpl final : public v1::ShardService::CallbackService {
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;
-  grpc::ServerWriteReactor<v1::FetchChunk>* Fetch(grpc::CallbackServerContext* ctx,
-                                                  const v1::FetchRequest* request) override;
-  grpc::ServerReadReactor<v1::PushChunk>* Push(grpc::CallbackServerContext* ctx,
-                                               v1::PushResponse* response) override;
+  /// A FetchRequest in; FetchChunk frames out.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(grpc::CallbackServerContext* ctx,
+                                                    const grpc::ByteBuffer* request) override;
+  /// PushChunk frames in; a PushResponse out.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Push(grpc::CallbackServerContext* ctx,
+                                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* AgreeNorm(grpc::CallbackServerContext* ctx,
                                       const v1::NormReport* request,
                                       v1::NormAgreement* response) override;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
+#include "proto/chunk_frame.h"
 #include "proto/rpc_util.h"
 
 namespace pshard {
@@ -14,40 +16,55 @@ std::string Where(int shard, const std::string& address) {
   return absl::StrCat("shard ", shard, " (", address, ")");
 }
 
-// Reads one shard's slice of a unit into its place in the unit buffer.
-class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
+// The full names of the data-carrying methods, for the generic stub.
+std::string MethodName(const char* method) {
+  return absl::StrCat("/", v1::ShardService::service_full_name(), "/", method);
+}
+
+// Reads one shard's slice of a unit into its place in the unit buffer: each
+// chunk is decoded and checksummed in one pass straight out of the slices
+// gRPC received it in (an element may straddle two of them).
+class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  FetchPart(v1::ShardService::Stub* stub, float* dest, TransferDone done, int shard,
-            std::string address, const SliceRange& slice, int unit, int64_t version,
-            WireEncoding encoding, int trainer, absl::Duration timeout, EmulatedLink* up,
-            EmulatedLink* down, DeadlineTimer* timer)
+  FetchPart(grpc::GenericStub* stub, float* dest, TransferDone done, int shard, std::string address,
+            const SliceRange& slice, int unit, int64_t version, WireEncoding encoding, int trainer,
+            absl::Duration timeout, EmulatedLink* up, EmulatedLink* down, DeadlineTimer* timer)
       : dest_(dest), done_(std::move(done)), shard_(shard), address_(std::move(address)), slice_(slice),
-        unit_(unit), version_(version), encoding_(encoding), down_(down), timer_(timer) {
+        unit_(unit), version_(version), encoding_(encoding), width_(BytesPerElement(encoding)), down_(down),
+        timer_(timer) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    request_.set_unit(unit);
-    request_.set_version(version);
-    request_.set_encoding(EncodingToProto(encoding));
-    request_.set_trainer_rank(trainer);
-    request_arrival_ = up->Admit(static_cast<int64_t>(request_.ByteSizeLong()));
-    stub->async()->Fetch(&ctx_, &request_, this);
-    StartRead(&chunk_);
+    v1::FetchRequest request;
+    request.set_unit(unit);
+    request.set_version(version);
+    request.set_encoding(EncodingToProto(encoding));
+    request.set_trainer_rank(trainer);
+    request_ = SerializeMessage(request);
+    request_arrival_ = up->Admit(static_cast<int64_t>(request_.Length()));
+    stub->PrepareBidiStreamingCall(&ctx_, MethodName("Fetch"), grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&frame_);
     StartCall();
   }
 
+  void OnWriteDone(bool) override {}
+
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows with the final status
-    if (absl::Status s = Accept(); !s.ok()) {
+    const int64_t frame_bytes = static_cast<int64_t>(frame_.Length());
+    absl::Status s = Accept();
+    frame_.Clear();
+    if (!s.ok()) {
       error_ = s;
       ctx_.TryCancel();
       return;
     }
     // On an emulated link the chunk is usable only once it has "arrived";
     // reading the next one waits until then (flow control does the rest).
-    arrival_ = down_->Admit(static_cast<int64_t>(chunk_.ByteSizeLong()), request_arrival_);
-    if (arrival_ <= absl::Now()) return StartRead(&chunk_);
+    arrival_ = down_->Admit(frame_bytes, request_arrival_);
+    if (arrival_ <= absl::Now()) return StartRead(&frame_);
     AddHold();
     timer_->Schedule(arrival_, [this] {
-      StartRead(&chunk_);
+      StartRead(&frame_);
       RemoveHold();
     });
   }
@@ -80,24 +97,44 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
 
  private:
   absl::Status Accept() {
+    v1::FetchChunk chunk;
+    FrameData data;
+    if (absl::Status s = ParseFrame(frame_, kFetchChunkDataField, &chunk, &data); !s.ok()) {
+      return absl::DataLossError(s.message());
+    }
     if (received_ == 0) {
-      if (chunk_.slice_length() != slice_.length || chunk_.version() != version_) {
+      if (chunk.slice_length() != slice_.length || chunk.version() != version_) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "server sent slice of ", chunk_.slice_length(), " elements at version ", chunk_.version(),
+            "server sent slice of ", chunk.slice_length(), " elements at version ", chunk.version(),
             "; expected ", slice_.length, " at version ", version_));
       }
-      expected_crc_ = chunk_.checksum();
+      expected_crc_ = chunk.checksum();
     }
-    const size_t width = BytesPerElement(encoding_);
-    const int64_t count = static_cast<int64_t>(chunk_.data().size() / width);
-    if (chunk_.offset() != received_ || chunk_.data().size() % width != 0 ||
-        received_ + count > slice_.length) {
-      return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk_.offset()));
+    const int64_t count = static_cast<int64_t>(data.size / width_);
+    if (chunk.offset() != received_ || data.size % width_ != 0 || received_ + count > slice_.length) {
+      return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk.offset()));
     }
-    crc_ = DecodeAndChecksum(encoding_, reinterpret_cast<const std::byte*>(chunk_.data().data()),
-                             std::span<float>(dest_ + received_, count), crc_);
+    float* to = dest_ + received_;
+    std::byte straddle[sizeof(float)];  // an element split across two pieces
+    size_t held = 0;
+    for (std::span<const std::byte> piece : data.pieces) {
+      if (held > 0) {
+        const size_t take = std::min(width_ - held, piece.size());
+        std::memcpy(straddle + held, piece.data(), take);
+        held += take;
+        piece = piece.subspan(take);
+        if (held < width_) continue;
+        crc_ = DecodeAndChecksum(encoding_, straddle, std::span<float>(to++, 1), crc_);
+        held = 0;
+      }
+      const size_t whole = piece.size() / width_;
+      crc_ = DecodeAndChecksum(encoding_, piece.data(), std::span<float>(to, whole), crc_);
+      to += whole;
+      held = piece.size() - whole * width_;
+      std::memcpy(straddle, piece.data() + whole * width_, held);
+    }
     received_ += count;
-    wire_bytes_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+    wire_bytes_ += static_cast<int64_t>(frame_.Length());
     return absl::OkStatus();
   }
 
@@ -109,13 +146,14 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
   const int unit_;
   const int64_t version_;
   const WireEncoding encoding_;
+  const size_t width_;
   EmulatedLink* const down_;
   DeadlineTimer* const timer_;
   absl::Time request_arrival_;
   absl::Time arrival_ = absl::InfinitePast();
   grpc::ClientContext ctx_;
-  v1::FetchRequest request_;
-  v1::FetchChunk chunk_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer frame_;
   absl::Status error_;
   int64_t received_ = 0;
   uint32_t crc_ = 0;
@@ -123,27 +161,29 @@ class FetchPart final : public grpc::ClientReadReactor<v1::FetchChunk> {
   int64_t wire_bytes_ = 0;
 };
 
-// Streams one shard's slice of a gradient to its owner.
-class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
+// Streams one shard's slice of a gradient to its owner. fp32 chunks are
+// slices over the gradient itself (held until gRPC has sent them); other
+// encodings are encoded once, straight into the slice that is sent.
+class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  PushPart(v1::ShardService::Stub* stub, TransferDone done,
-           std::shared_ptr<const std::vector<float>> grads, int shard, std::string address,
-           const SliceRange& slice, int unit, int64_t step, WireEncoding encoding, int trainer,
-           int64_t chunk_bytes, absl::Duration timeout, EmulatedLink* up, EmulatedLink* down,
+  PushPart(grpc::GenericStub* stub, TransferDone done, std::shared_ptr<const std::vector<float>> grads, int shard,
+           std::string address, const SliceRange& slice, int unit, int64_t step, WireEncoding encoding,
+           int trainer, int64_t chunk_bytes, absl::Duration timeout, EmulatedLink* up, EmulatedLink* down,
            DeadlineTimer* timer, int micro_batch, int rank_count)
       : done_(std::move(done)), grads_(std::move(grads)), shard_(shard),
         address_(std::move(address)), slice_(slice), unit_(unit), step_(step), encoding_(encoding),
         up_(up), down_(down), timer_(timer),
         chunk_elements_(std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding)))) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    chunk_.set_trainer_rank(trainer);
-    chunk_.set_step(step);
-    chunk_.set_unit(unit);
-    chunk_.set_encoding(EncodingToProto(encoding));
-    chunk_.set_slice_length(slice.length);
-    chunk_.set_micro_batch(micro_batch);
-    chunk_.set_rank_count(rank_count);
-    stub->async()->Push(&ctx_, &response_, this);
+    header_.set_trainer_rank(trainer);
+    header_.set_step(step);
+    header_.set_unit(unit);
+    header_.set_encoding(EncodingToProto(encoding));
+    header_.set_slice_length(slice.length);
+    header_.set_micro_batch(micro_batch);
+    header_.set_rank_count(rank_count);
+    stub->PrepareBidiStreamingCall(&ctx_, MethodName("Push"), grpc::StubOptions(), this);
+    StartRead(&response_frame_);
     WriteNext();
     StartCall();
   }
@@ -153,8 +193,14 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
     WriteNext();
   }
 
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // no response: OnDone has the status
+    got_response_ = ParseMessage(response_frame_, &response_);
+  }
+
   void OnDone(const grpc::Status& status) override {
     absl::Status result = FromGrpcStatus(status);
+    if (result.ok() && !got_response_.ok()) result = absl::DataLossError(got_response_.message());
     if (!result.ok()) {
       result = absl::Status(result.code(), absl::StrCat("push of unit ", unit_, " step ", step_, " to ",
                                                         Where(shard_, address_), ": ", result.message()));
@@ -163,7 +209,7 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
                    response_.detail().c_str());
     }
     // The response travels back over the emulated link too.
-    const absl::Time arrival = down_->Admit(static_cast<int64_t>(response_.ByteSizeLong()));
+    const absl::Time arrival = down_->Admit(static_cast<int64_t>(response_frame_.Length()));
     if (arrival > absl::Now()) {
       timer_->Schedule(arrival, [done = std::move(done_), result, bytes = wire_bytes_]() mutable {
         done(std::move(result), bytes);
@@ -181,20 +227,25 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
       return;
     }
     const int64_t count = std::min(chunk_elements_, slice_.length - offset_);
-    std::string* data = chunk_.mutable_data();
-    data->resize(count * BytesPerElement(encoding_));
-    EncodeElements(encoding_, std::span<const float>(grads_->data() + slice_.begin + offset_, count),
-                   reinterpret_cast<std::byte*>(data->data()));
-    chunk_.set_chunk_index(index_++);
-    chunk_.set_offset(offset_);
+    const std::span<const float> values(grads_->data() + slice_.begin + offset_, count);
+    grpc::Slice data;
+    if (encoding_ == WireEncoding::kFp32) {
+      data = SliceOver(std::as_bytes(values), grads_);
+    } else {
+      data = grpc::Slice(count * BytesPerElement(encoding_));
+      EncodeElements(encoding_, values, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(data.begin())));
+    }
+    header_.set_chunk_index(index_++);
+    header_.set_offset(offset_);
     offset_ += count;
-    wire_bytes_ += static_cast<int64_t>(chunk_.ByteSizeLong());
+    frame_ = MakeFrame(header_, kPushChunkDataField, std::move(data));
+    wire_bytes_ += static_cast<int64_t>(frame_.Length());
     // On an emulated link the chunk reaches the server when it has crossed it.
-    const absl::Time arrival = up_->Admit(static_cast<int64_t>(chunk_.ByteSizeLong()));
-    if (arrival <= absl::Now()) return StartWrite(&chunk_);
+    const absl::Time arrival = up_->Admit(static_cast<int64_t>(frame_.Length()));
+    if (arrival <= absl::Now()) return StartWrite(&frame_);
     AddHold();
     timer_->Schedule(arrival, [this] {
-      StartWrite(&chunk_);
+      StartWrite(&frame_);
       RemoveHold();
     });
   }
@@ -212,8 +263,11 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
   DeadlineTimer* const timer_;
   const int64_t chunk_elements_;
   grpc::ClientContext ctx_;
-  v1::PushChunk chunk_;
+  v1::PushChunk header_;  // every field but the data, repeated in each chunk
+  grpc::ByteBuffer frame_;
+  grpc::ByteBuffer response_frame_;
   v1::PushResponse response_;
+  absl::Status got_response_ = absl::DataLossError("the server sent no response");
   int64_t offset_ = 0;
   int index_ = 0;
   int64_t wire_bytes_ = 0;
@@ -223,16 +277,17 @@ class PushPart final : public grpc::ClientWriteReactor<v1::PushChunk> {
 
 GrpcTransport::GrpcTransport(Spec spec)
     : spec_(std::move(spec)),
+      generic_(spec_.channel),
       down_(spec_.link, 2 * static_cast<uint64_t>(spec_.shard)),
       up_(spec_.link, 2 * static_cast<uint64_t>(spec_.shard) + 1) {}
 
 void GrpcTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
-  new FetchPart(spec_.stub, dest, std::move(done), spec_.shard, spec_.address, args.slice, args.unit, args.version,
+  new FetchPart(&generic_, dest, std::move(done), spec_.shard, spec_.address, args.slice, args.unit, args.version,
                 args.encoding, args.trainer, spec_.rpc_timeout, &up_, &down_, spec_.timer);
 }
 
 void GrpcTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {
-  new PushPart(spec_.stub, std::move(done), std::move(grads), spec_.shard, spec_.address, args.slice, args.unit,
+  new PushPart(&generic_, std::move(done), std::move(grads), spec_.shard, spec_.address, args.slice, args.unit,
                args.step, args.encoding, args.first_rank, spec_.chunk_bytes, spec_.rpc_timeout, &up_, &down_,
                spec_.timer, args.micro_batch, args.rank_count);
 }

@@ -1,12 +1,17 @@
 // The gRPC data path: chunked server-streaming fetches and client-streaming
-// pushes, with optional in-process link emulation.
+// pushes, with optional in-process link emulation. Their chunks travel as
+// raw frames (proto/chunk_frame.h) over the channel's generic stub, so the
+// data bytes are moved once on each side.
 #ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 #define PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
 
+#include <memory>
 #include <string>
 
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/shard.grpc.pb.h"
 #include "trainer_client/transport/link/link_emulator.h"
 #include "trainer_client/transport/transport.h"
@@ -16,7 +21,7 @@ namespace pshard {
 class GrpcTransport final : public Transport {
  public:
   struct Spec {
-    v1::ShardService::Stub* stub = nullptr;  ///< not owned
+    std::shared_ptr<grpc::Channel> channel;  ///< to the shard server
     int shard = 0;
     std::string address;
     LinkSpec link;                    ///< emulated link (default: none)
@@ -32,6 +37,7 @@ class GrpcTransport final : public Transport {
 
  private:
   const Spec spec_;
+  grpc::GenericStub generic_;
   EmulatedLink down_;  // server -> trainer
   EmulatedLink up_;    // trainer -> server
 };
