@@ -21,6 +21,7 @@
 #include "bench/bench_util.h"
 #include "tests/testutil/local_cluster.h"
 #include "trainer_client/shard_client.h"
+#include "common/memory_policy.h"
 
 ABSL_FLAG(int, ranks, 4, "trainers, and shard servers (one per rank)");
 ABSL_FLAG(double, unit_mib, 32, "approximate wire size of the unit in MiB (all ranks' parts together)");
@@ -70,6 +71,7 @@ absl::StatusOr<Timing> GlooAllGather(int ranks, int64_t bytes_per_rank) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  pshard::ReuseFreedMemory();  // as pshard-server and pshard-trainer do
   const int n = absl::GetFlag(FLAGS_ranks);
   auto encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
   if (!encoding.ok()) return pshard::bench::Fail(encoding.status());

@@ -18,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "tests/testutil/local_cluster.h"
 #include "trainer_client/shard_client.h"
+#include "common/memory_policy.h"
 
 ABSL_FLAG(int, servers, 4, "N shard servers");
 ABSL_FLAG(double, unit_mib, 64, "approximate size of the fetched unit in MiB (fp32)");
@@ -29,6 +30,7 @@ ABSL_FLAG(int, iperf_seconds, 3, "iperf3 measurement length");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  pshard::ReuseFreedMemory();  // as pshard-server and pshard-trainer do
   const int n = absl::GetFlag(FLAGS_servers);
   auto encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
   if (!encoding.ok()) return pshard::bench::Fail(encoding.status());
@@ -51,14 +53,16 @@ int main(int argc, char** argv) {
   const int64_t bytes = (*client)->layout().partitions[unit].padded_numel() *
                         static_cast<int64_t>(pshard::BytesPerElement(*encoding));
 
-  // Median and best seconds of `fn` over the repeats, after one warm-up.
+  // Median and best seconds of `fn` over the repeats, after one warm-up;
+  // `setup` runs before each, untimed.
   struct Timing {
     double median = 0, best = 0;
     size_t runs = 0;
   };
-  auto time = [&](auto fn) -> absl::StatusOr<Timing> {
+  auto time = [&](auto setup, auto fn) -> absl::StatusOr<Timing> {
     std::vector<double> seconds;
     for (int r = 0; r <= absl::GetFlag(FLAGS_repeats); ++r) {
+      setup();
       const absl::Time start = absl::Now();
       if (absl::Status s = fn(); !s.ok()) return s;
       if (r > 0) seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
@@ -67,10 +71,14 @@ int main(int argc, char** argv) {
     return Timing{seconds[seconds.size() / 2], seconds.front(), seconds.size()};
   };
   const int64_t elements = (*client)->layout().partitions[unit].padded_numel();
-  absl::StatusOr<Timing> fetch = time([&] { return (*client)->StartFetch(unit, 0)->Wait(); });
+  absl::StatusOr<Timing> fetch = time([] {}, [&] { return (*client)->StartFetch(unit, 0)->Wait(); });
   if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
+  // A trainer hands its gradient over (moved, not copied): the copy for
+  // each push is made before its timer starts.
   const std::vector<float> gradient(elements, 1e-3f);
-  absl::StatusOr<Timing> push = time([&] { return (*client)->StartPush(unit, 0, gradient)->Wait(); });
+  std::vector<float> handed;
+  absl::StatusOr<Timing> push = time([&] { handed = gradient; },
+                                     [&] { return (*client)->StartPush(unit, 0, std::move(handed))->Wait(); });
   if (!push.ok()) return pshard::bench::Fail(push.status());
 
   absl::StatusOr<double> iperf = pshard::bench::IperfLoopbackBytesPerSecond(absl::GetFlag(FLAGS_iperf_seconds));

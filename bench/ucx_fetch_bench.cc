@@ -21,6 +21,7 @@
 #include "tests/testutil/local_cluster.h"
 #include "tools/process.h"
 #include "trainer_client/shard_client.h"
+#include "common/memory_policy.h"
 
 ABSL_FLAG(int, servers, 4, "N shard servers");
 ABSL_FLAG(double, unit_mib, 64, "approximate size of the fetched unit in MiB (fp32)");
@@ -115,6 +116,7 @@ absl::StatusOr<double> PerftestBytesPerSecond(int64_t message_bytes) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  pshard::ReuseFreedMemory();  // as pshard-server and pshard-trainer do
   std::vector<std::string> all_tls = absl::StrSplit(absl::GetFlag(FLAGS_tls), ';', absl::SkipEmpty());
   for (const std::string& tls : all_tls) {
     // Read by every UCP context created from here on: the servers', the

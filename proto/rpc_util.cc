@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
 #include "common/checksum.h"
 #include "common/rng.h"
 
@@ -79,6 +80,15 @@ uint64_t JobFingerprint(const JobConfig& job) {
   const std::string bytes = p.SerializeAsString();
   const uint32_t lo = Crc32c(bytes.data(), bytes.size());
   return Mix64((static_cast<uint64_t>(lo) << 32) ^ bytes.size());
+}
+
+std::vector<std::pair<std::string, int>> DataPathTransportArguments() {
+  return {
+      {GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1 << 20},
+      {GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 8 << 20},
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
+      {GRPC_ARG_HTTP2_BDP_PROBE, 0},
+  };
 }
 
 v1::Encoding EncodingToProto(WireEncoding encoding) {

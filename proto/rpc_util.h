@@ -4,6 +4,9 @@
 #define PSHARD_PROTO_RPC_UTIL_H_
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +27,16 @@ absl::StatusOr<JobConfig> JobFromProto(const v1::JobSpec& proto);
 /// A stable hash of everything in the job: servers and trainers of one job
 /// must all report the same value.
 uint64_t JobFingerprint(const JobConfig& job);
+
+/// gRPC transport settings that let the data path run near the link's
+/// speed, for servers (ServerBuilder::AddChannelArgument) and trainers'
+/// channels (ChannelArguments::SetInt) alike; each side applies them to what
+/// it receives. Reads of at least 1 MiB (gRPC starts at 256 bytes and grows
+/// them slowly), and a fixed 8 MiB flow-control window per stream: gRPC's
+/// bandwidth-delay probe shrinks the window to what it measures, which on a
+/// fast short link stalls each stream every few hundred KiB. 8 MiB covers a
+/// 10 Gbit/s link with 6 ms of round trip per stream (bench/README.md).
+std::vector<std::pair<std::string, int>> DataPathTransportArguments();
 
 v1::Encoding EncodingToProto(WireEncoding encoding);
 absl::StatusOr<WireEncoding> EncodingFromProto(v1::Encoding encoding);

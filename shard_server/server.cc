@@ -281,6 +281,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   builder.RegisterService(impl.service.get());
   builder.SetMaxReceiveMessageSize(spec.max_message_bytes);
   builder.SetMaxSendMessageSize(spec.max_message_bytes);
+  for (const auto& [name, value] : DataPathTransportArguments()) builder.AddChannelArgument(name, value);
   impl.server = builder.BuildAndStart();
   if (impl.server == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", spec.address));

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/signals.h"
 #include "shard_server/server.h"
+#include "common/memory_policy.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "host:port to listen on (port 0: any free port)");
 ABSL_FLAG(std::string, port_file, "",
@@ -65,6 +66,7 @@ ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pshard-server --shard_index=I --num_shards=N --num_trainers=M ...");
   absl::ParseCommandLine(argc, argv);
+  pshard::ReuseFreedMemory();
   static absl::Notification stop;  // outlives the detached signal thread
   pshard::CallOnTerminationSignal([](int) { stop.Notify(); });
 

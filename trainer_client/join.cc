@@ -65,6 +65,7 @@ grpc::ChannelArguments ServerChannelArguments(int max_receive_bytes) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  for (const auto& [name, value] : DataPathTransportArguments()) args.SetInt(name, value);
   return args;
 }
 

@@ -30,6 +30,7 @@
 #include "trainer_client/trainer_metrics.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/gpu_plugin.h"
+#include "common/memory_policy.h"
 
 ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
 ABSL_FLAG(int, rank, 0, "this trainer's rank, 0..M-1");
@@ -371,5 +372,6 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pshard-trainer --servers=h:p,h:p,... --rank=R [--steps=S ...]");
   absl::ParseCommandLine(argc, argv);
+  pshard::ReuseFreedMemory();
   return Run();
 }
