@@ -1,5 +1,7 @@
 #include "proto/chunk_frame.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -142,6 +144,29 @@ absl::Status ParseFrame(const grpc::ByteBuffer& frame, int data_field, google::p
   }
   if (!header->ParseFromString(rest)) return malformed("fields do not parse");
   return absl::OkStatus();
+}
+
+uint32_t DecodeFrameData(WireEncoding encoding, const FrameData& data, float* out, uint32_t crc) {
+  const size_t width = BytesPerElement(encoding);
+  std::byte straddle[sizeof(float)];  // an element split across two pieces
+  size_t held = 0;
+  for (std::span<const std::byte> piece : data.pieces) {
+    if (held > 0) {
+      const size_t take = std::min(width - held, piece.size());
+      std::memcpy(straddle + held, piece.data(), take);
+      held += take;
+      piece = piece.subspan(take);
+      if (held < width) continue;
+      crc = DecodeAndChecksum(encoding, straddle, std::span<float>(out++, 1), crc);
+      held = 0;
+    }
+    const size_t whole = piece.size() / width;
+    crc = DecodeAndChecksum(encoding, piece.data(), std::span<float>(out, whole), crc);
+    out += whole;
+    held = piece.size() - whole * width;
+    std::memcpy(straddle, piece.data() + whole * width, held);
+  }
+  return crc;
 }
 
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {

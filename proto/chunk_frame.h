@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/wire_encoding.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -53,6 +54,12 @@ grpc::ByteBuffer MakeFrame(const google::protobuf::MessageLite& header, int data
 /// that is not a valid message is an InvalidArgument error.
 absl::Status ParseFrame(const grpc::ByteBuffer& frame, int data_field, google::protobuf::MessageLite* header,
                         FrameData* data);
+
+/// Decodes `data` (whole elements in `encoding`, split anywhere: an element
+/// may straddle two pieces) into `out`, which must hold data.size / width
+/// values, and returns the CRC-32C of its bytes continued from `crc`: one
+/// pass over them.
+uint32_t DecodeFrameData(WireEncoding encoding, const FrameData& data, float* out, uint32_t crc);
 
 /// A whole (small) message to or from a ByteBuffer: requests, responses.
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);

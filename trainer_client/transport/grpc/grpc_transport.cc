@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -114,25 +113,7 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     if (chunk.offset() != received_ || data.size % width_ != 0 || received_ + count > slice_.length) {
       return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk.offset()));
     }
-    float* to = dest_ + received_;
-    std::byte straddle[sizeof(float)];  // an element split across two pieces
-    size_t held = 0;
-    for (std::span<const std::byte> piece : data.pieces) {
-      if (held > 0) {
-        const size_t take = std::min(width_ - held, piece.size());
-        std::memcpy(straddle + held, piece.data(), take);
-        held += take;
-        piece = piece.subspan(take);
-        if (held < width_) continue;
-        crc_ = DecodeAndChecksum(encoding_, straddle, std::span<float>(to++, 1), crc_);
-        held = 0;
-      }
-      const size_t whole = piece.size() / width_;
-      crc_ = DecodeAndChecksum(encoding_, piece.data(), std::span<float>(to, whole), crc_);
-      to += whole;
-      held = piece.size() - whole * width_;
-      std::memcpy(straddle, piece.data() + whole * width_, held);
-    }
+    crc_ = DecodeFrameData(encoding_, data, dest_ + received_, crc_);
     received_ += count;
     wire_bytes_ += static_cast<int64_t>(frame_.Length());
     return absl::OkStatus();
