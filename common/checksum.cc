@@ -25,18 +25,75 @@ uint32_t Crc32cPortable(const unsigned char* p, size_t n, uint32_t crc) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const unsigned char* p, size_t n,
-                                                         uint32_t crc) {
-  uint64_t c = crc;
-  while (n >= 8) {
+__attribute__((target("sse4.2"))) uint64_t Crc32cWords(const unsigned char* p, size_t words, uint64_t c) {
+  for (size_t i = 0; i < words; ++i) {
     uint64_t word;
-    std::memcpy(&word, p, 8);
+    std::memcpy(&word, p + 8 * i, 8);
     c = __builtin_ia32_crc32di(c, word);
-    p += 8;
-    n -= 8;
   }
+  return c;
+}
+
+// The crc32 instruction takes 3 cycles and can start one every cycle: one
+// stream of words runs at a third of the rate the CPU can. Long ranges go as
+// three interleaved streams over consecutive runs of kRun bytes, whose
+// registers are then joined. The register is linear in its input, so the
+// register after A then B is Shift(register after A, |B|) ^ (B from zero),
+// where Shift feeds |B| zero bytes; for |B| = kRun that is a fixed linear map,
+// tabulated byte by byte (4 x 256 entries).
+constexpr size_t kRun = 2048;
+
+struct RunShift {
+  std::array<std::array<uint32_t, 256>, 4> table;
+  uint32_t operator()(uint32_t c) const {
+    return table[0][c & 0xff] ^ table[1][(c >> 8) & 0xff] ^ table[2][(c >> 16) & 0xff] ^ table[3][c >> 24];
+  }
+};
+
+const RunShift& TheRunShift() {
+  static const RunShift* shift = [] {
+    static const std::array<unsigned char, kRun> zeros{};
+    uint32_t basis[32];  // the map's image of each single bit
+    for (int bit = 0; bit < 32; ++bit) {
+      basis[bit] = static_cast<uint32_t>(Crc32cWords(zeros.data(), kRun / 8, uint64_t{1} << bit));
+    }
+    auto* s = new RunShift;
+    for (int byte = 0; byte < 4; ++byte) {
+      for (uint32_t v = 0; v < 256; ++v) {
+        uint32_t image = 0;
+        for (int bit = 0; bit < 8; ++bit) {
+          if (v & (1u << bit)) image ^= basis[8 * byte + bit];
+        }
+        s->table[byte][v] = image;
+      }
+    }
+    return s;
+  }();
+  return *shift;
+}
+
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const unsigned char* p, size_t n, uint32_t crc) {
+  uint64_t c = crc;
+  if (n >= 3 * kRun) {
+    const RunShift& shift = TheRunShift();
+    for (; n >= 3 * kRun; p += 3 * kRun, n -= 3 * kRun) {
+      uint64_t a = c, b = 0, d = 0;
+      for (size_t i = 0; i < kRun; i += 8) {
+        uint64_t wa, wb, wd;
+        std::memcpy(&wa, p + i, 8);
+        std::memcpy(&wb, p + kRun + i, 8);
+        std::memcpy(&wd, p + 2 * kRun + i, 8);
+        a = __builtin_ia32_crc32di(a, wa);
+        b = __builtin_ia32_crc32di(b, wb);
+        d = __builtin_ia32_crc32di(d, wd);
+      }
+      c = shift(shift(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b)) ^ static_cast<uint32_t>(d);
+    }
+  }
+  c = Crc32cWords(p, n / 8, c);
+  p += n / 8 * 8;
   uint32_t c32 = static_cast<uint32_t>(c);
-  while (n-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  for (size_t i = 0; i < n % 8; ++i) c32 = __builtin_ia32_crc32qi(c32, p[i]);
   return c32;
 }
 #endif

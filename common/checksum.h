@@ -8,7 +8,9 @@
 namespace pshard {
 
 /// Extends `crc` (0 for a fresh checksum) over `size` bytes at `data`.
-/// Uses the SSE4.2 instruction where the CPU has it. Thread-safe.
+/// Uses the SSE4.2 instruction where the CPU has it, as three interleaved
+/// streams over ranges of 6 KiB or more (bench/README.md gives the GB/s).
+/// Thread-safe.
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
 
 }  // namespace pshard

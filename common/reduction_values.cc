@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/bf16.h"
+#include "common/copy.h"
 
 namespace pshard {
 namespace {
@@ -67,7 +68,7 @@ void ReductionValues::Zero() {
 
 void ReductionValues::Read(size_t offset, std::span<float> out) const {
   if (!encoded()) {
-    std::memcpy(out.data(), fp32_.data() + offset, out.size_bytes());
+    CopyBytes(out.data(), fp32_.data() + offset, out.size_bytes());
     return;
   }
   DecodeElements(encoding_, encoded_.data() + offset * BytesPerElement(encoding_), out);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/checksum.h"
+#include "common/copy.h"
 
 namespace pshard {
 
@@ -27,7 +28,7 @@ absl::StatusOr<WireEncoding> ParseWireEncoding(std::string_view name) {
 
 void EncodeElements(WireEncoding encoding, std::span<const float> values, std::byte* out) {
   if (encoding == WireEncoding::kFp32) {
-    std::memcpy(out, values.data(), values.size_bytes());
+    CopyBytes(out, values.data(), values.size_bytes());
     return;
   }
   for (size_t i = 0; i < values.size(); ++i) {
@@ -38,7 +39,7 @@ void EncodeElements(WireEncoding encoding, std::span<const float> values, std::b
 
 void DecodeElements(WireEncoding encoding, const std::byte* in, std::span<float> out) {
   if (encoding == WireEncoding::kFp32) {
-    std::memcpy(out.data(), in, out.size_bytes());
+    CopyBytes(out.data(), in, out.size_bytes());
     return;
   }
   for (size_t i = 0; i < out.size(); ++i) {
@@ -74,7 +75,7 @@ uint32_t DecodeTailInPlaceAndChecksum(WireEncoding encoding, std::span<float> bu
   std::byte block[kBlock * sizeof(float)];
   for (size_t at = 0; at < buffer.size(); at += kBlock) {
     const size_t n = std::min(kBlock, buffer.size() - at);
-    std::memcpy(block, tail + at * width, n * width);
+    CopyBytes(block, tail + at * width, n * width);
     crc = Crc32c(block, n * width, crc);
     DecodeElements(encoding, block, buffer.subspan(at, n));
   }

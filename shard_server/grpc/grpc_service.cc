@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/copy.h"
 #include "proto/chunk_frame.h"
 #include "proto/rpc_util.h"
 
@@ -162,7 +163,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     }
     std::byte* to = staged_.mutable_bytes().data() + received_ * width;
     for (std::span<const std::byte> piece : data_.pieces) {
-      std::memcpy(to, piece.data(), piece.size());
+      CopyBytes(to, piece.data(), piece.size());
       to += piece.size();
     }
     metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(frame_.Length()));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/copy.h"
 #include "common/status_macros.h"
 #include "common/ucx/ucx_wire.h"
 #include "common/ucx/ucx_worker.h"
@@ -176,7 +177,7 @@ absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length
 void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding,
                                     const void* data, size_t length) {
   ReductionValues values = ReductionValues::Allocate(encoding, h.slice_length);
-  std::memcpy(values.mutable_bytes().data(), data, length);
+  CopyBytes(values.mutable_bytes().data(), data, length);
   CompletePush(ep, h, std::move(values), length);
 }
 

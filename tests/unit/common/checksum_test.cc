@@ -75,6 +75,18 @@ TEST(Crc32cTest, LongBufferMatchesReference) {
   EXPECT_EQ(Crc32c(data.data(), data.size()), ReferenceCrc32c(data.data(), data.size()));
 }
 
+TEST(Crc32cTest, InterleavedRangesMatchReferenceAtEveryBoundary) {
+  // Lengths around multiples of the 3 x 2 KiB interleaved block, from a
+  // fresh checksum and continued from another.
+  const std::vector<unsigned char> data = PseudoRandomBytes(4 * 6144 + 64, 13);
+  for (size_t length : {6143, 6144, 6145, 6151, 6152, 12288, 12289, 18431, 24576 + 63}) {
+    ASSERT_EQ(Crc32c(data.data(), length), ReferenceCrc32c(data.data(), length)) << "length " << length;
+    const uint32_t head = Crc32c(data.data(), 5);
+    ASSERT_EQ(Crc32c(data.data() + 5, length, head), ReferenceCrc32c(data.data(), length + 5))
+        << "length " << length << " after 5 bytes";
+  }
+}
+
 TEST(Crc32cTest, IncrementalEqualsOneShot) {
   const std::vector<unsigned char> data = PseudoRandomBytes(200, 3);
   const uint32_t whole = Crc32c(data.data(), data.size());

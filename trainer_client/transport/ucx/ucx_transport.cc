@@ -77,6 +77,8 @@ absl::StatusOr<std::unique_ptr<UcxContext>> UcxContext::Create() {
 UcxContext::~UcxContext() {
   if (worker_ == nullptr) return;  // Create failed
   worker_->Stop([this] {
+    for (const Arrived& a : arrived_) ucp_am_data_release(worker_->worker(), a.descriptor);
+    arrived_.clear();
     for (auto& [id, op] : pending_) op->Finish(absl::CancelledError("the trainer's UCX context shut down"));
     pending_.clear();
   });
@@ -119,10 +121,38 @@ void UcxContext::Expire(uint64_t id) {
 void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data) {
   std::unique_ptr<std::shared_ptr<UcxContext::Op>> holder(static_cast<std::shared_ptr<UcxContext::Op>*>(user_data));
   UcxContext::Op& op = **holder;
-  op.owner->Take(op.id);  // ended here, whatever its deadline did
+  UcxContext* self = op.owner;
+  self->Take(op.id);  // ended here, whatever its deadline did
   if (request != nullptr) ucp_request_free(request);
-  if (status != UCS_OK) return op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
-  op.FinishFetch(nullptr);
+  --self->receiving_;
+  if (status != UCS_OK) {
+    op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
+  } else {
+    self->verifier_.Post([op = std::move(*holder)] { op->FinishFetch(nullptr); });
+  }
+  self->StartReceives();
+}
+
+void UcxContext::StartReceives() {
+  while (receiving_ < kReceivesInFlight && !arrived_.empty()) {
+    Arrived next = std::move(arrived_.front());
+    arrived_.pop_front();
+    Receive(std::move(next));
+  }
+}
+
+void UcxContext::Receive(Arrived arrived) {
+  ++receiving_;
+  auto* holder = new std::shared_ptr<Op>(std::move(arrived.op));
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = OnFetchData;
+  rp.user_data = holder;
+  ucs_status_ptr_t request =
+      ucp_am_recv_data_nbx(worker_->worker(), arrived.descriptor, arrived.target, arrived.length, &rp);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) {  // done, or failed, at once
+    OnFetchData(nullptr, request == nullptr ? UCS_OK : UCS_PTR_STATUS(request), arrived.length, holder);
+  }
 }
 
 ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -165,20 +195,22 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
     return UCS_OK;
   }
   // Rendezvous: the encoded bytes land in the tail of the slice's own fp32
-  // buffer (all of it for fp32) and are decoded there, in place.
+  // buffer (all of it for fp32) and are decoded there, in place. Slices are
+  // received one at a time, in arrival order, so that each one is complete
+  // (and verified on the verifier thread) while the next is still moving;
+  // started all at once, they would all finish together and leave their
+  // verification as a tail after the last byte.
   void* target = reinterpret_cast<std::byte*>(op->dest) + args.slice.length * sizeof(float) - length;
   op->receiving = true;
   self->pending_[op->id] = op;  // until the data is in (a deadline then only marks it)
-  auto* holder = new std::shared_ptr<Op>(op);
-  ucp_request_param_t rp{};
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  rp.cb.recv_am = OnFetchData;
-  rp.user_data = holder;
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(self->worker_->worker(), data, target, length, &rp);
-  if (request == nullptr || UCS_PTR_IS_ERR(request)) {
-    OnFetchData(nullptr, request == nullptr ? UCS_OK : UCS_PTR_STATUS(request), length, holder);
+  Arrived arrived{std::move(op), data, target, length};
+  if (self->receiving_ < kReceivesInFlight && self->arrived_.empty()) {
+    self->Receive(std::move(arrived));
+    return UCS_OK;
   }
-  return UCS_OK;
+  // Queued: UCX keeps the descriptor until ucp_am_recv_data_nbx takes it.
+  self->arrived_.push_back(std::move(arrived));
+  return UCS_INPROGRESS;
 }
 
 // ---- UcxTransport ----

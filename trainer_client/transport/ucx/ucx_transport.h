@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
+#include "common/serial_executor.h"
 #include "common/ucx/ucx_worker.h"
 #include "trainer_client/transport/transport.h"
 
@@ -42,11 +44,27 @@ class UcxContext {
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param);
   static void OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data);
+  // A rendezvous slice announced by its server, waiting to be received.
+  struct Arrived {
+    std::shared_ptr<Op> op;
+    void* descriptor = nullptr;  // UCX's, for ucp_am_recv_data_nbx
+    void* target = nullptr;
+    size_t length = 0;
+  };
+  /// Starts receiving queued slices while fewer than kReceivesInFlight are.
+  void StartReceives();
+  void Receive(Arrived arrived);
+  static constexpr int kReceivesInFlight = 1;
 
   std::unique_ptr<ucx::UcxWorker> worker_;
   std::atomic<uint64_t> next_id_{1};
   absl::flat_hash_map<uint64_t, std::shared_ptr<Op>> pending_;  // progress thread only
+  std::deque<Arrived> arrived_;  // progress thread only
+  int receiving_ = 0;            // progress thread only
   DeadlineTimer timer_;  // request deadlines; after worker_: destroyed first
+  // Verifies and decodes rendezvous slices off the progress thread, so that
+  // it keeps receiving the other slices meanwhile; drained first.
+  SerialExecutor verifier_;
 };
 
 /// The data path to one shard server over UCX. Same semantics and error
