@@ -36,9 +36,12 @@ struct UcxContext::Op {
   bool receiving = false;  // rendezvous data is being written
   bool expired = false;    // the deadline passed while receiving
   uint32_t checksum = 0;
-  // push
+  // push: the slice goes from the gradient itself (fp32) or from `encoded`
   ucx::PushHeader push;
-  std::string data;     // encoded gradient slice
+  std::shared_ptr<const std::vector<float>> grads;
+  std::unique_ptr<std::byte[]> encoded;
+  const void* payload = nullptr;
+  size_t payload_length = 0;
 
   void Finish(absl::Status status) {
     if (!status.ok()) {
@@ -98,9 +101,9 @@ void UcxContext::Start(std::shared_ptr<Op> op) {
   timer_.Schedule(absl::Now() + op->timeout, [this, id] { worker_->Post([this, id] { Expire(id); }); });
   const void* header = op->is_fetch ? static_cast<const void*>(&op->fetch) : &op->push;
   const size_t header_length = op->is_fetch ? sizeof(op->fetch) : sizeof(op->push);
-  op->wire_bytes += static_cast<int64_t>(header_length + op->data.size());
+  op->wire_bytes += static_cast<int64_t>(header_length + op->payload_length);
   ucx::SendAm(op->ep, op->is_fetch ? ucx::kFetchRequest : ucx::kPushRequest, header, header_length,
-              op->data.data(), op->data.size(), /*reply=*/true, [this, op, id](ucs_status_t s) {
+              op->payload, op->payload_length, /*reply=*/true, [this, op, id](ucs_status_t s) {
                 if (s == UCS_OK) return;  // the reply ends the op
                 if (Take(id) != nullptr) op->Finish(PSHARD_UCX_ERROR("ucp_am_send_nbx", s));
               });
@@ -279,9 +282,16 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
   op->timeout = spec_.rpc_timeout;
   op->what = absl::StrCat("push of unit ", args.unit, " step ", args.step, " to ", Where(spec_.shard, spec_.address));
   op->done = std::move(done);
-  op->data.resize(args.slice.length * BytesPerElement(args.encoding));
-  EncodeElements(args.encoding, std::span<const float>(grads->data() + args.slice.begin, args.slice.length),
-                 reinterpret_cast<std::byte*>(op->data.data()));
+  const std::span<const float> values(grads->data() + args.slice.begin, args.slice.length);
+  op->payload_length = values.size() * BytesPerElement(args.encoding);
+  if (args.encoding == WireEncoding::kFp32) {
+    op->payload = values.data();
+    op->grads = std::move(grads);  // held until the server has the bytes
+  } else {
+    op->encoded.reset(new std::byte[op->payload_length]);
+    EncodeElements(args.encoding, values, op->encoded.get());
+    op->payload = op->encoded.get();
+  }
   op->push.token = spec_.session_token;
   op->push.request_id = op->id;
   op->push.step = args.step;
