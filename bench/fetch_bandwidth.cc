@@ -27,6 +27,11 @@ ABSL_FLAG(std::string, encoding, "fp32", "wire encoding");
 ABSL_FLAG(std::string, transport, "grpc", "data path: grpc or ucx");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per fetch chunk");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 measurement length");
+ABSL_FLAG(std::string, link_rate, "",
+          "emulate each trainer-server link at this rate (gRPC only; e.g. 2gbit): where the wire, not the "
+          "machine, is the bottleneck; the iperf3 ratios then do not apply");
+ABSL_FLAG(std::vector<std::string>, directions, std::vector<std::string>({"fetch", "push"}),
+          "what to measure: fetch, push or both (one alone, to profile it)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -47,6 +52,9 @@ int main(int argc, char** argv) {
   options.trainer_rank = 0;  // the job's one trainer: it may push
   options.encoding = *encoding;
   options.transport = absl::GetFlag(FLAGS_transport);
+  absl::StatusOr<pshard::LinkSpec> link = pshard::LinkSpec::Parse(absl::GetFlag(FLAGS_link_rate), "", "");
+  if (!link.ok()) return pshard::bench::Fail(link.status());
+  options.link = *link;
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return pshard::bench::Fail(client.status());
   const int unit = 1;  // the transformer block
@@ -71,15 +79,27 @@ int main(int argc, char** argv) {
     return Timing{seconds[seconds.size() / 2], seconds.front(), seconds.size()};
   };
   const int64_t elements = (*client)->layout().partitions[unit].padded_numel();
-  absl::StatusOr<Timing> fetch = time([] {}, [&] { return (*client)->StartFetch(unit, 0)->Wait(); });
-  if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
+  const std::vector<std::string> directions = absl::GetFlag(FLAGS_directions);
+  auto wanted = [&](const std::string& d) { return std::find(directions.begin(), directions.end(), d) != directions.end(); };
+  for (const std::string& d : directions) {
+    if (d != "fetch" && d != "push") return pshard::bench::Fail(absl::InvalidArgumentError("--directions: fetch, push"));
+  }
+  std::vector<std::tuple<const char*, Timing, double>> results;
+  if (wanted("fetch")) {
+    absl::StatusOr<Timing> fetch = time([] {}, [&] { return (*client)->StartFetch(unit, 0)->Wait(); });
+    if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
+    results.emplace_back("fetch", *fetch, 0.8);
+  }
   // A trainer hands its gradient over (moved, not copied): the copy for
   // each push is made before its timer starts.
-  const std::vector<float> gradient(elements, 1e-3f);
-  std::vector<float> handed;
-  absl::StatusOr<Timing> push = time([&] { handed = gradient; },
-                                     [&] { return (*client)->StartPush(unit, 0, std::move(handed))->Wait(); });
-  if (!push.ok()) return pshard::bench::Fail(push.status());
+  if (wanted("push")) {
+    const std::vector<float> gradient(elements, 1e-3f);
+    std::vector<float> handed;
+    absl::StatusOr<Timing> push = time([&] { handed = gradient; },
+                                       [&] { return (*client)->StartPush(unit, 0, std::move(handed))->Wait(); });
+    if (!push.ok()) return pshard::bench::Fail(push.status());
+    results.emplace_back("push ", *push, 0.7);
+  }
 
   absl::StatusOr<double> iperf = pshard::bench::IperfLoopbackBytesPerSecond(absl::GetFlag(FLAGS_iperf_seconds));
   if (!iperf.ok()) return pshard::bench::Fail(iperf.status());
@@ -87,12 +107,13 @@ int main(int argc, char** argv) {
   std::printf("one unit: %.1f MiB (%s, %.1fM elements) between 1 trainer and %d shard servers over %s\n",
               bytes / 1048576.0, absl::GetFlag(FLAGS_encoding).c_str(), elements / 1e6, n,
               (*client)->transport_name(0).c_str());
-  for (const auto& [what, t, goal] : {std::tuple{"fetch", *fetch, 0.8}, std::tuple{"push ", *push, 0.7}}) {
+  for (const auto& [what, t, goal] : results) {
     std::printf("  pshard %s : median %.2f GB/s = %.0fM elements/s (best %.2f GB/s, median %.1f ms, %zu runs); "
                 "ratio %.2f (goal >= %.2f)\n",
                 what, bytes / t.median / 1e9, elements / t.median / 1e6, bytes / t.best / 1e9, t.median * 1e3,
                 t.runs, bytes / t.median / 1e9 / iperf_gbps, goal);
   }
   std::printf("  iperf3       : %.2f GB/s single-stream loopback\n", iperf_gbps);
+  if (link->enabled()) std::printf("  (each link emulated at %s: ratios against iperf3 do not apply)\n", link->ToString().c_str());
   return 0;
 }
