@@ -36,6 +36,8 @@ uint64_t JobFingerprint(const JobConfig& job);
 /// bandwidth-delay probe shrinks the window to what it measures, which on a
 /// fast short link stalls each stream every few hundred KiB. 8 MiB covers a
 /// 10 Gbit/s link with 6 ms of round trip per stream (bench/README.md).
+/// The cost: a connection that is reading holds a receive buffer of at
+/// least 1 MiB, and a stream may have 8 MiB in flight towards its reader.
 std::vector<std::pair<std::string, int>> DataPathTransportArguments();
 
 v1::Encoding EncodingToProto(WireEncoding encoding);
