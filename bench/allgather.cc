@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
       pshard::ShardClient::Options options;
       options.server_addresses = addresses;
       options.trainer_rank = -1;  // fetch only
-      options.encoding = *encoding;
+      options.encodings = *encoding;
       options.transport = transport;
       auto client = pshard::ShardClient::Connect(options);
       if (!client.ok()) return pshard::bench::Fail(client.status());

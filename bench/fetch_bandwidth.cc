@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
   options.trainer_rank = 0;  // the job's one trainer: it may push
-  options.encoding = *encoding;
+  options.encodings = *encoding;
   options.transport = absl::GetFlag(FLAGS_transport);
   absl::StatusOr<pshard::LinkSpec> link = pshard::LinkSpec::Parse(absl::GetFlag(FLAGS_link_rate), "", "");
   if (!link.ok()) return pshard::bench::Fail(link.status());

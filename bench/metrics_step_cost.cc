@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   };
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
-  options.encoding = pshard::WireEncoding::kBf16;
+  options.encodings = pshard::WireEncoding::kBf16;
   options.transport = "grpc";  // the path whose servers observe a latency histogram per request
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return pshard::bench::Fail(client.status());

@@ -55,7 +55,7 @@ absl::StatusOr<FetchResult> MeasureFetch() {
   pshard::ShardClient::Options options;
   options.server_addresses = addresses;
   options.trainer_rank = -1;
-  options.encoding = pshard::WireEncoding::kFp32;  // fp32 slices land straight in the buffer
+  options.encodings = pshard::WireEncoding::kFp32;  // fp32 slices land straight in the buffer
   options.transport = "ucx";
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return client.status();

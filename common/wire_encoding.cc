@@ -8,6 +8,7 @@
 #include "common/bf16.h"
 #include "common/checksum.h"
 #include "common/copy.h"
+#include "common/status_macros.h"
 
 namespace pshard {
 
@@ -24,6 +25,30 @@ absl::StatusOr<WireEncoding> ParseWireEncoding(std::string_view name) {
   if (name == "bf16") return WireEncoding::kBf16;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown wire encoding '", std::string(name), "' (expected fp32 or bf16)"));
+}
+
+absl::StatusOr<WireEncodings> ParseWireEncodings(std::string_view both, std::string_view weights,
+                                                 std::string_view grads) {
+  auto parse = [](std::string_view flag, std::string_view value) -> absl::StatusOr<WireEncoding> {
+    absl::StatusOr<WireEncoding> e = ParseWireEncoding(value);
+    if (!e.ok()) return absl::InvalidArgumentError(absl::StrCat("--", std::string(flag), ": ", e.status().message()));
+    return e;
+  };
+  ASSIGN_OR_RETURN(const WireEncoding shorthand, parse("encoding", both));
+  WireEncodings out(shorthand);
+  if (!weights.empty()) {
+    ASSIGN_OR_RETURN(out.weights, parse("weight_encoding", weights));
+  }
+  if (!grads.empty()) {
+    ASSIGN_OR_RETURN(out.grads, parse("grad_encoding", grads));
+  }
+  return out;
+}
+
+std::string WireEncodings::ToString() const {
+  if (weights == grads) return std::string(WireEncodingName(weights));
+  return absl::StrCat("weights ", std::string(WireEncodingName(weights)), ", gradients ",
+                      std::string(WireEncodingName(grads)));
 }
 
 void EncodeElements(WireEncoding encoding, std::span<const float> values, std::byte* out) {

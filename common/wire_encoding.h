@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,27 @@ enum class WireEncoding { kFp32 = 1, kBf16 = 2 };
 size_t BytesPerElement(WireEncoding encoding);
 std::string_view WireEncodingName(WireEncoding encoding);
 absl::StatusOr<WireEncoding> ParseWireEncoding(std::string_view name);
+
+/// A trainer's encoding per direction: of the weights it fetches and of the
+/// gradients it pushes. One encoding converts to both, as `--encoding` is
+/// the shorthand for `--weight_encoding` and `--grad_encoding`.
+struct WireEncodings {
+  WireEncodings() = default;
+  WireEncodings(WireEncoding both) : weights(both), grads(both) {}  // implicit: the shorthand
+  WireEncodings(WireEncoding w, WireEncoding g) : weights(w), grads(g) {}
+  bool operator==(const WireEncodings&) const = default;
+  /// "bf16" when both are the same, else "weights bf16, gradients fp32".
+  std::string ToString() const;
+
+  WireEncoding weights = WireEncoding::kFp32;
+  WireEncoding grads = WireEncoding::kFp32;
+};
+
+/// The command lines' `--encoding` (both directions) with the overrides
+/// `--weight_encoding` and `--grad_encoding` (empty: as `both`). An error
+/// names the flag whose value is not an encoding.
+absl::StatusOr<WireEncodings> ParseWireEncodings(std::string_view both, std::string_view weights,
+                                                 std::string_view grads);
 
 /// Encodes `values` into `out` (values.size() * BytesPerElement bytes).
 void EncodeElements(WireEncoding encoding, std::span<const float> values, std::byte* out);

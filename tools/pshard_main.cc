@@ -20,6 +20,7 @@
 #include "common/link_rate.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
+#include "common/wire_encoding.h"
 
 // `local` reads it as N, `status` as a list of addresses.
 ABSL_FLAG(std::string, servers, "4",
@@ -36,7 +37,9 @@ ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
 ABSL_FLAG(bool, recompute, false, "trainers recompute each block in backward instead of keeping its activations");
-ABSL_FLAG(std::string, encoding, "bf16", "wire encoding: fp32 or bf16");
+ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
+ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights (empty: --encoding)");
+ABSL_FLAG(std::string, grad_encoding, "", "wire encoding of pushed gradients (empty: --encoding)");
 ABSL_FLAG(std::string, device, "cpu", "where trainers run the model: cpu, cuda or auto");
 ABSL_FLAG(std::string, attention, "auto", "GPU trainers' attention: auto, fused or materialized");
 ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
@@ -134,6 +137,13 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: --attention=%s: expected auto, fused or materialized\n", attention.c_str());
     return 2;
   }
+  if (absl::Status e = pshard::ParseWireEncodings(absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding),
+                                                  absl::GetFlag(FLAGS_grad_encoding))
+                           .status();
+      !e.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(e.message()).c_str());
+    return 2;
+  }
   absl::StatusOr<std::vector<std::string>> link_flags = LinkFlags();
   if (!link_flags.ok()) {
     std::fprintf(stderr, "pshard local: %s\n", std::string(link_flags.status().message()).c_str());
@@ -183,6 +193,8 @@ int RunLocal() {
       absl::StrCat("--recompute=", absl::GetFlag(FLAGS_recompute) ? "true" : "false"),
       absl::StrCat("--fetch_once_per_step=", absl::GetFlag(FLAGS_fetch_once_per_step) ? "true" : "false"),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
+      absl::StrCat("--weight_encoding=", absl::GetFlag(FLAGS_weight_encoding)),
+      absl::StrCat("--grad_encoding=", absl::GetFlag(FLAGS_grad_encoding)),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--attention=", absl::GetFlag(FLAGS_attention)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),

@@ -319,7 +319,7 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
   transfer->values_ = pool_->Take(p.padded_numel());
   for (int s : targets) {
     const SliceRange slice = p.Slice(s);
-    FetchArgs args{unit, version, options_.encoding, options_.trainer_rank, slice};
+    FetchArgs args{unit, version, options_.encodings.weights, options_.trainer_rank, slice};
     shards_[s]->transport->Fetch(args, transfer->values_.data() + slice.begin,
                                  [transfer](absl::Status status, int64_t bytes) {
                                    transfer->PartDone(std::move(status), bytes);
@@ -343,7 +343,7 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
   }
   auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
   for (int s : targets) {
-    PushArgs args{unit, step, options_.encoding, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
+    PushArgs args{unit, step, options_.encodings.grads, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
                   push.rank_count, push.micro_batch, p.Slice(s)};
     shards_[s]->transport->Push(args, shared, [transfer](absl::Status status, int64_t bytes) {
       transfer->PartDone(std::move(status), bytes);

@@ -78,7 +78,7 @@ class ShardClient {
   struct Options {
     std::vector<std::string> server_addresses;  ///< all N servers, any order
     int trainer_rank = 0;                       ///< -1 for tools that only read
-    WireEncoding encoding = WireEncoding::kFp32;
+    WireEncodings encodings;  ///< of fetched weights and of pushed gradients
     absl::Duration join_timeout = absl::Seconds(30);  ///< servers may still be starting
     /// A server name that does not resolve for this long ends the join.
     absl::Duration join_resolve_grace = absl::Minutes(1);

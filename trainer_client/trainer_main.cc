@@ -53,6 +53,8 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, group_backend, "tcp",
           "fabric-group collectives: tcp (any trainers) or nccl (GPU trainers; needs an NCCL build)");
 ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
+ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights (empty: --encoding)");
+ABSL_FLAG(std::string, grad_encoding, "", "wire encoding of pushed gradients (empty: --encoding)");
 ABSL_FLAG(std::string, transport, "auto",
           "data path to the servers: auto (UCX where built and offered, else gRPC), grpc or ucx");
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
@@ -111,15 +113,16 @@ int Run() {
   pshard::CallOnTerminationSignal([](int) { stop = true; });
   openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
-  absl::StatusOr<pshard::WireEncoding> encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
-  if (!encoding.ok()) {
-    std::fprintf(stderr, "pshard-trainer: %s\n", encoding.status().ToString().c_str());
+  absl::StatusOr<pshard::WireEncodings> encodings = pshard::ParseWireEncodings(
+      absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding), absl::GetFlag(FLAGS_grad_encoding));
+  if (!encodings.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", encodings.status().ToString().c_str());
     return 2;
   }
   pshard::ShardClient::Options copts;
   copts.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   copts.trainer_rank = absl::GetFlag(FLAGS_rank);
-  copts.encoding = *encoding;
+  copts.encodings = *encodings;
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   copts.transport = absl::GetFlag(FLAGS_transport);
@@ -272,7 +275,7 @@ int Run() {
                 "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
-                std::string(pshard::WireEncodingName(*encoding)).c_str(), topts.prefetch_depth,
+                encodings->ToString().c_str(), topts.prefetch_depth,
                 (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(), model.DeviceName().c_str(),
                 absl::StrCat(mib(memory.activations),
                              model.lanes() > 1 ? absl::StrCat(" (", model.lanes(), " micro-batches held at once)")

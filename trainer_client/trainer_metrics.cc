@@ -116,7 +116,7 @@ void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model) {
   TrainerSettings s;
   s.prefetch = options.prefetch_depth;
-  s.encoding = std::string(WireEncodingName(client.options().encoding));
+  s.encoding = client.options().encodings.ToString();
   s.device = model.DeviceName() == "cpu" ? "cpu" : "cuda";
   s.transport = client.transport_name(0);
   s.link = client.options().link.ToString();

@@ -15,7 +15,7 @@ namespace pshard {
 /// told apart on a dashboard.
 struct TrainerSettings {
   int prefetch = 1;
-  std::string encoding;      ///< wire encoding: fp32, bf16
+  std::string encoding;      ///< wire encodings: "bf16", or "weights bf16, gradients fp32"
   std::string device;        ///< cpu, cuda
   std::string transport;     ///< grpc, ucx (shard 0's link)
   std::string link;          ///< emulated link, e.g. "100 Mbit/s 2ms" or "none"

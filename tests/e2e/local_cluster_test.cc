@@ -104,6 +104,34 @@ TEST(LocalClusterE2E, FetchOncePerStepTrainsTheSameForLessTraffic) {
   EXPECT_LT(wire_once, 0.5 * wire_per_micro) << out[0] << out[1];
 }
 
+// Each direction takes its own encoding: fp32 weights with bf16 gradients
+// move fewer bytes per step than fp32 both ways and more than bf16 both ways
+// (weights cross twice per step, forward and backward; gradients once).
+TEST(LocalClusterE2E, EachDirectionTakesItsOwnEncoding) {
+  const std::vector<std::vector<std::string>> encodings = {
+      {"--encoding=fp32"}, {"--weight_encoding=fp32", "--grad_encoding=bf16"}, {"--encoding=bf16"}};
+  std::vector<double> wire;
+  std::string mixed;
+  for (const std::vector<std::string>& e : encodings) {
+    const std::string run_dir = MakeRunDir();
+    std::vector<std::string> flags = {"--servers=2", "--trainers=1", "--steps=4", "--layers=2", "--d_model=64",
+                                      "--heads=2", "--context=32", "--seq_len=32", "--log_every=2"};
+    flags.insert(flags.end(), e.begin(), e.end());
+    auto launcher = StartLocal(run_dir, flags);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(3));
+    const std::string out = ReadFile(run_dir + "/launcher.log");
+    ASSERT_TRUE(code.has_value()) << out;
+    ASSERT_EQ(*code, 0) << out;
+    wire.push_back(WireMibPerStep(out));
+    if (e.size() == 2) mixed = out;
+  }
+  EXPECT_NE(mixed.find("weights fp32, gradients bf16 on the wire"), std::string::npos) << mixed;
+  EXPECT_GT(wire[2], 0) << mixed;
+  EXPECT_LT(wire[1], wire[0]) << mixed;
+  EXPECT_GT(wire[1], wire[2]) << mixed;
+}
+
 // `pshard local` with `flags` exits with `code`, saying `message`, and
 // leaves no process behind.
 void ExpectRefused(const std::vector<std::string>& flags, int code, const std::string& message) {
@@ -120,6 +148,11 @@ void ExpectRefused(const std::vector<std::string>& flags, int code, const std::s
 
 TEST(LocalClusterE2E, UnknownAttentionIsRefusedBeforeStarting) {
   ExpectRefused({"--servers=2", "--trainers=1", "--attention=flash"}, 2, "expected auto, fused or materialized");
+}
+
+TEST(LocalClusterE2E, AnUnknownEncodingIsRefusedBeforeStarting) {
+  ExpectRefused({"--servers=2", "--trainers=1", "--grad_encoding=int3"}, 2,
+                "--grad_encoding: unknown wire encoding 'int3'");
 }
 
 TEST(LocalClusterE2E, FetchOncePerStepNeedsAccumulationOnTheTrainer) {

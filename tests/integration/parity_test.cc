@@ -42,7 +42,7 @@ void ExpectBitIdentical(const std::vector<std::vector<float>>& got,
   }
 }
 
-std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncoding encoding) {
+std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncodings encoding) {
   auto weights = TrainReference(job, encoding, TinyTrainer(), TestCorpus(), kSteps);
   EXPECT_TRUE(weights.ok()) << weights.status();
   return weights.ok() ? *weights : std::vector<std::vector<float>>();
@@ -52,12 +52,15 @@ struct ParityCase {
   std::string transport;  ///< every trainer's data path
   int shards;
   int trainers;
-  WireEncoding encoding;
+  WireEncodings encoding;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
-  return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_",
-                      std::string(WireEncodingName(info.param.encoding)));
+  const WireEncodings& e = info.param.encoding;
+  const std::string encoding = e.weights == e.grads ? std::string(WireEncodingName(e.weights))
+                                                    : absl::StrCat("weights_", std::string(WireEncodingName(e.weights)),
+                                                                   "_grads_", std::string(WireEncodingName(e.grads)));
+  return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_", encoding);
 }
 
 /// The data paths this build has.
@@ -90,15 +93,23 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
 
 // Every (N, M, encoding) over gRPC; other transports take a subset that
 // still has N = 1 and several shards, one and several trainers, both encodings.
+// Each direction's own encoding (bf16 weights with fp32 gradients, and the
+// other way round) for N in {1, 3}, M in {1, 2}, over every transport.
 std::vector<ParityCase> AllCases() {
   std::vector<ParityCase> cases;
+  constexpr WireEncoding kFp32 = WireEncoding::kFp32, kBf16 = WireEncoding::kBf16;
   for (const std::string& transport : EnabledTransports()) {
     const bool full = transport == "grpc";
-    for (WireEncoding e : {WireEncoding::kFp32, WireEncoding::kBf16}) {
+    for (WireEncoding e : {kFp32, kBf16}) {
       for (int n : {1, 2, 3, 5}) {
         for (int m : {1, 2, 3}) {
           if (full || (n != 2 && m != 2)) cases.push_back({transport, n, m, e});
         }
+      }
+    }
+    for (WireEncodings e : {WireEncodings(kBf16, kFp32), WireEncodings(kFp32, kBf16)}) {
+      for (int n : {1, 3}) {
+        for (int m : {1, 2}) cases.push_back({transport, n, m, e});
       }
     }
   }

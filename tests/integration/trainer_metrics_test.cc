@@ -39,7 +39,7 @@ RunResult Train(LocalCluster& cluster, int steps, int prefetch, const LinkSpec& 
   RunResult result;
   ShardClient::Options options;
   options.server_addresses = cluster.addresses();
-  options.encoding = WireEncoding::kBf16;
+  options.encodings = WireEncoding::kBf16;
   options.link = link;
   auto client = ShardClient::Connect(options);
   EXPECT_TRUE(client.ok()) << client.status();

@@ -16,7 +16,7 @@ namespace pshard::testing {
 std::vector<std::string> EnabledTransports();
 
 struct ClusterTraining {
-  WireEncoding encoding = WireEncoding::kFp32;
+  WireEncodings encoding;  ///< per direction (one encoding: both)
   std::string transport = "grpc";  ///< every link must end up on it
   TrainerOptions trainer;          ///< `group` is set per trainer when group_size > 1
   int group_size = 1;              ///< > 1: host fabric groups of consecutive ranks

@@ -35,12 +35,12 @@ std::vector<std::string> LocalCluster::addresses() const {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, WireEncoding encoding,
+absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, WireEncodings encodings,
                                                                    const std::string& transport) const {
   ShardClient::Options options;
   options.server_addresses = addresses();
   options.trainer_rank = rank;
-  options.encoding = encoding;
+  options.encodings = encodings;
   options.join_timeout = absl::Seconds(10);
   options.rpc_timeout = absl::Seconds(60);
   options.transport = transport;

@@ -43,7 +43,7 @@ class LocalCluster {
 
   /// A connected client for `rank` (-1: a reader that is not a trainer)
   /// whose links use `transport` ("grpc", "ucx", "auto").
-  absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncoding encoding,
+  absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncodings encodings,
                                                        const std::string& transport = "grpc") const;
   /// Every unit's fp32 master weights, unpadded, read through the protocol;
   /// with `version`, once every unit is published at it (a trainer's last

@@ -9,7 +9,7 @@
 
 namespace pshard::testing {
 
-ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncoding encoding,
+ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding,
                                      TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model)
     : job_(std::move(job)), layout_(std::move(layout)), encoding_(encoding), trainer_(trainer),
       data_(data), model_(std::move(model)) {
@@ -23,7 +23,7 @@ ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodi
   }
 }
 
-absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncoding encoding,
+absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncodings encoding,
                                                             const TrainerOptions& trainer,
                                                             const TokenDataset* data) {
   ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGra
                                      tokens, targets));
   RETURN_IF_ERROR(model_.SetBatch(tokens, targets));
   std::vector<std::vector<float>> weights = master_;
-  for (auto& w : weights) RoundTripInPlace(encoding_, w);
+  for (auto& w : weights) RoundTripInPlace(encoding_.weights, w);
   std::vector<std::vector<float>> grads;
   ASSIGN_OR_RETURN(float loss, LossAndGradients(model_, weights, &grads));
   (void)loss;
@@ -63,7 +63,7 @@ absl::Status ReferenceTraining::Step(int64_t step) {
   std::vector<std::vector<float>> sum(units);
   for (size_t u = 0; u < units; ++u) {
     auto pushed = [&](std::vector<float> v) {  // what one push carries
-      RoundTripInPlace(encoding_, v);
+      RoundTripInPlace(encoding_.grads, v);
       for (float x : v) non_finite = non_finite || !std::isfinite(x);
       return v;
     };
@@ -124,7 +124,7 @@ std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
   return out;
 }
 
-absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncoding encoding,
+absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps) {
   ASSIGN_OR_RETURN(ReferenceTraining ref, ReferenceTraining::Create(job, encoding, trainer, &data));

@@ -20,7 +20,7 @@ namespace pshard::testing {
 
 class ReferenceTraining {
  public:
-  static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncoding encoding,
+  static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncodings encoding,
                                                   const TrainerOptions& trainer, const TokenDataset* data);
 
   /// The gradient of trainer `rank`'s micro-batch `micro` at `step` with the
@@ -35,12 +35,12 @@ class ReferenceTraining {
   int64_t skipped_steps() const { return skipped_; }
 
  private:
-  ReferenceTraining(JobConfig job, JobLayout layout, WireEncoding encoding, TrainerOptions trainer,
+  ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding, TrainerOptions trainer,
                     const TokenDataset* data, CpuGpt<float> model);
 
   JobConfig job_;
   JobLayout layout_;
-  WireEncoding encoding_;
+  WireEncodings encoding_;
   TrainerOptions trainer_;
   const TokenDataset* data_;
   CpuGpt<float> model_;
@@ -50,7 +50,7 @@ class ReferenceTraining {
 };
 
 /// Master weights after unsharded training of steps 0..steps-1.
-absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncoding encoding,
+absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps);
 

@@ -1,5 +1,6 @@
 #include "common/wire_encoding.h"
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -170,6 +172,30 @@ TEST(WireEncodingTest, DecodingWithTheChecksumEqualsDecodingThenChecksumming) {
       EXPECT_EQ(DecodeTailInPlaceAndChecksum(e, buffer, 42), want_crc);
       EXPECT_EQ(buffer, want);
     }
+  }
+}
+
+TEST(WireEncodingTest, TheShorthandSetsBothDirectionsAndEachOverrideOne) {
+  auto both = ParseWireEncodings("bf16", "", "");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both, WireEncodings(WireEncoding::kBf16, WireEncoding::kBf16));
+  EXPECT_EQ(both->ToString(), "bf16");
+  auto split = ParseWireEncodings("bf16", "", "fp32");
+  ASSERT_TRUE(split.ok()) << split.status();
+  EXPECT_EQ(split->weights, WireEncoding::kBf16);
+  EXPECT_EQ(split->grads, WireEncoding::kFp32);
+  EXPECT_EQ(split->ToString(), "weights bf16, gradients fp32");
+  auto weights = ParseWireEncodings("fp32", "bf16", "");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(*weights, WireEncodings(WireEncoding::kBf16, WireEncoding::kFp32));
+  // A bad value names its flag.
+  for (const auto& [flags, name] : {std::pair{std::array<const char*, 3>{"int3", "", ""}, "--encoding"},
+                                    std::pair{std::array<const char*, 3>{"bf16", "fp8", ""}, "--weight_encoding"},
+                                    std::pair{std::array<const char*, 3>{"bf16", "", "BF16"}, "--grad_encoding"}}) {
+    auto bad = ParseWireEncodings(flags[0], flags[1], flags[2]);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(bad.status().message()).find(name), std::string::npos) << bad.status();
   }
 }
 
