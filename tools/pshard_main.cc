@@ -21,6 +21,7 @@
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
 #include "common/wire_encoding.h"
+#include "common/levers.h"
 
 // `local` reads it as N, `status` as a list of addresses.
 ABSL_FLAG(std::string, servers, "4",
@@ -41,6 +42,9 @@ ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients
 ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights (empty: --encoding)");
 ABSL_FLAG(std::string, grad_encoding, "", "wire encoding of pushed gradients (empty: --encoding)");
 ABSL_FLAG(std::string, device, "cpu", "where trainers run the model: cpu, cuda or auto");
+ABSL_FLAG(std::string, reshard_after_forward, "true",
+          "true: trainers fetch each unit again for its backward (ZeRO stage 3); false: they keep every unit "
+          "from its forward to its backward");
 ABSL_FLAG(std::string, attention, "auto", "GPU trainers' attention: auto, fused or materialized");
 ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
@@ -144,6 +148,11 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: %s\n", std::string(e.message()).c_str());
     return 2;
   }
+  if (absl::Status r = pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward)).status();
+      !r.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(r.message()).c_str());
+    return 2;
+  }
   absl::StatusOr<std::vector<std::string>> link_flags = LinkFlags();
   if (!link_flags.ok()) {
     std::fprintf(stderr, "pshard local: %s\n", std::string(link_flags.status().message()).c_str());
@@ -192,6 +201,7 @@ int RunLocal() {
       absl::StrCat("--prefetch=", absl::GetFlag(FLAGS_prefetch)),
       absl::StrCat("--recompute=", absl::GetFlag(FLAGS_recompute) ? "true" : "false"),
       absl::StrCat("--fetch_once_per_step=", absl::GetFlag(FLAGS_fetch_once_per_step) ? "true" : "false"),
+      absl::StrCat("--reshard_after_forward=", absl::GetFlag(FLAGS_reshard_after_forward)),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--weight_encoding=", absl::GetFlag(FLAGS_weight_encoding)),
       absl::StrCat("--grad_encoding=", absl::GetFlag(FLAGS_grad_encoding)),

@@ -161,20 +161,23 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
   data->Add(data_start, absl::Now());
 
   // Forward 0..K-1, then backward K-2..0: the last unit stays from forward.
+  // Without resharding after forward, every unit stays, and backward
+  // fetches nothing.
   const int k = model_->num_units();
+  const bool keep = !options_.reshard_after_forward;
   std::vector<int> schedule;
   for (int u = 0; u < k; ++u) schedule.push_back(u);
-  for (int u = k - 2; u >= 0; --u) schedule.push_back(u);
+  for (int u = k - 2; u >= 0 && !keep; --u) schedule.push_back(u);
   Prefetcher prefetch(client_, options_.group, schedule, step, options_.prefetch_depth, log);
+  std::vector<std::shared_ptr<UnitTransfer>> kept(k);
 
   // A device model returns from each call at once: while a unit computes,
   // this thread waits for the next unit's fetch and hands it over.
-  std::shared_ptr<UnitTransfer> last_unit;
   size_t position = 0;
   for (int u = 0; u < k; ++u, ++position) {
     ASSIGN_OR_RETURN(std::shared_ptr<UnitTransfer> w, prefetch.Get(position));
     RETURN_IF_ERROR(model_->ForwardUnit(u, w->values()));
-    if (u == k - 1) last_unit = w;
+    if (keep || u == k - 1) kept[u] = w;
   }
 
   // Backward: a device model keeps a second backward running while the
@@ -196,8 +199,8 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
     return PushUnit(done.unit, step, lanes > 1 ? 0 : first_micro, std::move(done.grads), log, pushes);
   };
   for (int u = k - 1; u >= 0; --u) {
-    std::shared_ptr<UnitTransfer> w = std::move(last_unit);
-    if (u != k - 1) {
+    std::shared_ptr<UnitTransfer> w = std::move(kept[u]);
+    if (w == nullptr) {
       ASSIGN_OR_RETURN(w, prefetch.Get(position++));
     }
     pending.push_back({u, std::vector<float>(client_->layout().partitions[u].padded_numel(), 0.0f)});

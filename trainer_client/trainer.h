@@ -35,6 +35,12 @@ struct TrainerOptions {
   /// micro-batch for the activations of all of them. Needs a job that
   /// accumulates on the trainer.
   bool fetch_once_per_step = false;
+  /// FSDP's reshard_after_forward. true (ZeRO stage 3): each unit's weights
+  /// are dropped after its forward and fetched again for its backward.
+  /// false: every unit is kept from its forward until its backward, so its
+  /// weights cross the link once per pass instead of twice, for the memory
+  /// of all units' weights held at the end of the forward.
+  bool reshard_after_forward = true;
   /// The CUDA model's attention kernel: "auto", "fused", "materialized".
   std::string attention = "auto";
   /// The fabric group this trainer belongs to (not owned; null: none). Its

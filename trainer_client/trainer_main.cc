@@ -31,6 +31,7 @@
 #include "trainer_client/trainer.h"
 #include "trainer_client/gpu_plugin.h"
 #include "common/memory_policy.h"
+#include "common/levers.h"
 
 ABSL_FLAG(std::string, servers, "", "comma-separated host:port of every shard server");
 ABSL_FLAG(int, rank, 0, "this trainer's rank, 0..M-1");
@@ -42,6 +43,10 @@ ABSL_FLAG(bool, fetch_once_per_step, false,
           "run all of a step's micro-batches in one pass: each unit is fetched once per step and its summed "
           "gradient pushed once, for the activations of every micro-batch (the job must accumulate on the "
           "trainer)");
+ABSL_FLAG(std::string, reshard_after_forward, "true",
+          "true: drop each unit's weights after its forward and fetch them again for its backward (ZeRO stage 3); "
+          "false: keep every unit from its forward to its backward (one weight transfer per pass instead of two, "
+          "for the memory of all units' weights)");
 ABSL_FLAG(std::string, attention, "auto",
           "GPU attention: fused (tiled, no T x T matrices; head size 64), materialized (cuBLAS around a softmax "
           "kernel), or auto (fused where it applies)");
@@ -249,6 +254,12 @@ int Run() {
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
   topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
   topts.fetch_once_per_step = absl::GetFlag(FLAGS_fetch_once_per_step);
+  absl::StatusOr<bool> reshard = pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward));
+  if (!reshard.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", std::string(reshard.status().message()).c_str());
+    return 2;
+  }
+  topts.reshard_after_forward = *reshard;
   topts.attention = absl::GetFlag(FLAGS_attention);
   topts.device = absl::GetFlag(FLAGS_device);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
@@ -271,6 +282,8 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
+    int64_t kept_weight_bytes = 0;  // fp32 unit buffers, all held at the end of forward without resharding
+    for (const pshard::UnitPartition& p : (*client)->layout().partitions) kept_weight_bytes += 4 * p.padded_numel();
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
                 "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
@@ -281,7 +294,12 @@ int Run() {
                              model.lanes() > 1 ? absl::StrCat(" (", model.lanes(), " micro-batches held at once)")
                                                : "")
                     .c_str(),
-                topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
+                absl::StrCat(topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
+                             topts.reshard_after_forward
+                                 ? ""
+                                 : absl::StrCat("; every unit kept from forward to backward: ",
+                                                mib(kept_weight_bytes), " of weights"))
+                    .c_str(),
                 memory.device > 0
                     ? absl::StrCat("; ", mib(memory.device), " of device memory = activations + ",
                                    mib(memory.weights), " of bf16 weights (", topts.prefetch_depth + 1,

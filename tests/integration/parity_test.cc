@@ -53,6 +53,7 @@ struct ParityCase {
   int shards;
   int trainers;
   WireEncodings encoding;
+  bool reshard_after_forward = true;
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
@@ -60,7 +61,8 @@ std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
   const std::string encoding = e.weights == e.grads ? std::string(WireEncodingName(e.weights))
                                                     : absl::StrCat("weights_", std::string(WireEncodingName(e.weights)),
                                                                    "_grads_", std::string(WireEncodingName(e.grads)));
-  return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_", encoding);
+  return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_", encoding,
+                      info.param.reshard_after_forward ? "" : "_kept_from_forward");
 }
 
 /// The data paths this build has.
@@ -76,6 +78,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   how.encoding = c.encoding;
   how.transport = c.transport;
   how.trainer = TinyTrainer();
+  how.trainer.reshard_after_forward = c.reshard_after_forward;
   how.steps = kSteps;
   absl::Status trained = TrainInThreads(**cluster, c.trainers, TestCorpus(), how);
   ASSERT_TRUE(trained.ok()) << trained;
@@ -94,7 +97,8 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
 // Every (N, M, encoding) over gRPC; other transports take a subset that
 // still has N = 1 and several shards, one and several trainers, both encodings.
 // Each direction's own encoding (bf16 weights with fp32 gradients, and the
-// other way round) for N in {1, 3}, M in {1, 2}, over every transport.
+// other way round), and units kept from forward to backward, for N in
+// {1, 3}, M in {1, 2}, over every transport.
 std::vector<ParityCase> AllCases() {
   std::vector<ParityCase> cases;
   constexpr WireEncoding kFp32 = WireEncoding::kFp32, kBf16 = WireEncoding::kBf16;
@@ -111,6 +115,10 @@ std::vector<ParityCase> AllCases() {
       for (int n : {1, 3}) {
         for (int m : {1, 2}) cases.push_back({transport, n, m, e});
       }
+    }
+    // Units kept from forward to backward (--reshard_after_forward=false).
+    for (int n : {1, 3}) {
+      for (int m : {1, 2}) cases.push_back({transport, n, m, kBf16, /*reshard_after_forward=*/false});
     }
   }
   return cases;
