@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   const int n = absl::GetFlag(FLAGS_ranks);
   auto encoding = pshard::ParseWireEncoding(absl::GetFlag(FLAGS_encoding));
   if (!encoding.ok()) return pshard::bench::Fail(encoding.status());
-  const double bytes_per_element = static_cast<double>(pshard::BytesPerElement(*encoding));
+  const double bytes_per_element = static_cast<double>(pshard::WireFormat(*encoding).EncodedBytes(1 << 20)) / (1 << 20);
 
   const pshard::JobConfig job = pshard::bench::OneBlockJob(absl::GetFlag(FLAGS_unit_mib), bytes_per_element, n);
   auto cluster = pshard::testing::LocalCluster::Start(job);

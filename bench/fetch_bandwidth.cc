@@ -58,8 +58,8 @@ int main(int argc, char** argv) {
   auto client = pshard::ShardClient::Connect(options);
   if (!client.ok()) return pshard::bench::Fail(client.status());
   const int unit = 1;  // the transformer block
-  const int64_t bytes = (*client)->layout().partitions[unit].padded_numel() *
-                        static_cast<int64_t>(pshard::BytesPerElement(*encoding));
+  const int64_t bytes = static_cast<int64_t>(
+      pshard::WireFormat(*encoding).EncodedBytes((*client)->layout().partitions[unit].padded_numel()));
 
   // Median and best seconds of `fn` over the repeats, after one warm-up;
   // `setup` runs before each, untimed.

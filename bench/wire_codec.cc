@@ -46,7 +46,7 @@ void BM_Crc32c(benchmark::State& state) {
 template <pshard::WireEncoding kEncoding>
 void BM_DecodeAndChecksum(benchmark::State& state) {
   const size_t elements = static_cast<size_t>(state.range(0)) / sizeof(float);
-  const size_t bytes = elements * pshard::BytesPerElement(kEncoding);
+  const size_t bytes = pshard::WireFormat(kEncoding).EncodedBytes(elements);
   std::vector<std::byte> in(bytes, std::byte{1});
   std::vector<float> out(elements);
   for (auto _ : state) benchmark::DoNotOptimize(pshard::DecodeAndChecksum(kEncoding, in.data(), out, 0));

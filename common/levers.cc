@@ -20,4 +20,17 @@ absl::StatusOr<bool> ParseReshardAfterForward(std::string_view value) {
       absl::StrCat("--reshard_after_forward=", std::string(value), ": expected true or false"));
 }
 
+absl::StatusOr<bool> ParseErrorFeedback(std::string_view value, WireEncoding grads) {
+  if (value == "auto") return IsQuantized(grads);
+  if (value == "false") return false;
+  if (value == "true") {
+    if (IsQuantized(grads)) return true;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--error_feedback=true: gradients travel as ", std::string(WireEncodingName(grads)),
+        ", which leaves no quantization residual to feed back (int8 and int4 do: --grad_encoding)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--error_feedback=", std::string(value), ": expected auto, true or false"));
+}
+
 }  // namespace pshard

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "common/wire_encoding.h"
 
 namespace pshard {
 
@@ -14,6 +15,11 @@ namespace pshard {
 /// a secondary shard within a fabric group of G) is refused as not
 /// implemented yet; anything else as not a value of the flag.
 absl::StatusOr<bool> ParseReshardAfterForward(std::string_view value);
+
+/// The value of `--error_feedback` for gradients pushed as `grads`: "auto"
+/// (on for int8 and int4, which leave a quantization residual), "true"
+/// (refused for fp32 and bf16: there is no residual to feed back) or "false".
+absl::StatusOr<bool> ParseErrorFeedback(std::string_view value, WireEncoding grads);
 
 }  // namespace pshard
 

@@ -33,20 +33,25 @@ bool NoneAllOnes(const std::byte* values, size_t count, Bits exponent) {
 
 }  // namespace
 
-ReductionValues ReductionValues::Allocate(WireEncoding encoding, size_t elements) {
+ReductionValues ReductionValues::Allocate(const WireFormat& format, size_t elements) {
   ReductionValues v;
-  v.encoding_ = encoding;
+  v.format_ = format;
   v.size_ = elements;
-  if (encoding == WireEncoding::kFp32) {
+  if (format.encoding() == WireEncoding::kFp32) {
     v.fp32_.resize(elements);
   } else {
-    v.encoded_.resize(elements * BytesPerElement(encoding));
+    v.encoded_.resize(format.EncodedBytes(elements));
   }
   return v;
 }
 
 std::span<std::byte> ReductionValues::mutable_bytes() {
   if (!encoded()) return {reinterpret_cast<std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
+  return encoded_;
+}
+
+std::span<const std::byte> ReductionValues::bytes() const {
+  if (!encoded()) return {reinterpret_cast<const std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
   return encoded_;
 }
 
@@ -58,12 +63,21 @@ bool ReductionValues::AllFinite() const {
   if (!encoded()) {
     return NoneAllOnes<uint32_t>(reinterpret_cast<const std::byte*>(fp32_.data()), size_, 0x7f800000u);
   }
-  return NoneAllOnes<uint16_t>(encoded_.data(), size_, 0x7f80u);  // bf16
+  if (format_.encoding() == WireEncoding::kBf16) return NoneAllOnes<uint16_t>(encoded_.data(), size_, 0x7f80u);
+  // Quantized: a finite scale times a code can still overflow; decode.
+  float block[kBlock];
+  for (size_t at = 0; at < size_; at += kBlock) {
+    const size_t n = std::min(kBlock, size_ - at);
+    Read(at, std::span<float>(block, n));
+    if (!NoneAllOnes<uint32_t>(reinterpret_cast<const std::byte*>(block), n, 0x7f800000u)) return false;
+  }
+  return true;
 }
 
 void ReductionValues::Zero() {
   std::fill(fp32_.begin(), fp32_.end(), 0.0f);
-  std::fill(encoded_.begin(), encoded_.end(), std::byte{0});  // bf16 +0 is all zero bits
+  // All zero bits: bf16 +0; a quantized block of scale 0 and codes 0.
+  std::fill(encoded_.begin(), encoded_.end(), std::byte{0});
 }
 
 void ReductionValues::Read(size_t offset, std::span<float> out) const {
@@ -71,7 +85,7 @@ void ReductionValues::Read(size_t offset, std::span<float> out) const {
     CopyBytes(out.data(), fp32_.data() + offset, out.size_bytes());
     return;
   }
-  DecodeElements(encoding_, encoded_.data() + offset * BytesPerElement(encoding_), out);
+  DecodeRange(format_, encoded_.data(), size_, offset, out);
 }
 
 void ReductionValues::Add(const ReductionValues& other) {
@@ -93,7 +107,7 @@ std::vector<float> ReductionValues::TakeFloats() && {
   std::vector<float> out(size_);
   Read(0, out);
   encoded_ = {};
-  encoding_ = WireEncoding::kFp32;
+  format_ = WireFormat(WireEncoding::kFp32);
   return out;
 }
 

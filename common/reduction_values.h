@@ -1,8 +1,9 @@
 // A contribution or partial sum as a gradient reduction holds it: fp32
 // values, or a single contribution kept in the wire encoding it arrived in
-// until it is added to another or read. Decoding is exact (bf16 values are
-// fp32 values), so the sums are the same bits either way, and a
-// contribution that waits in bf16 takes half the memory. Servers still
+// until it is added to another or read. Decoding is a function of the bytes
+// (bf16 values are fp32 values; a quantized element is its code times its
+// block's scale), so the sums are the same bits either way, and a
+// contribution that waits encoded takes half the memory or less. Servers
 // never add encoded values: both sides of every addition are fp32.
 #ifndef PSHARD_COMMON_REDUCTION_VALUES_H_
 #define PSHARD_COMMON_REDUCTION_VALUES_H_
@@ -23,13 +24,15 @@ class ReductionValues {
   explicit ReductionValues(std::vector<float> values) : size_(values.size()), fp32_(std::move(values)) {}
   /// Room for `elements` values received in `encoding`, to be written
   /// through mutable_bytes() (contents unspecified until then).
-  static ReductionValues Allocate(WireEncoding encoding, size_t elements);
+  static ReductionValues Allocate(const WireFormat& format, size_t elements);
   /// The values' bytes in their encoding, for receiving into.
   std::span<std::byte> mutable_bytes();
+  std::span<const std::byte> bytes() const;
 
   size_t size() const { return size_; }
   /// True while the values are held encoded (not yet added to anything).
-  bool encoded() const { return encoding_ != WireEncoding::kFp32; }
+  bool encoded() const { return format_.encoding() != WireEncoding::kFp32; }
+  const WireFormat& format() const { return format_; }
   /// Bytes the values take.
   int64_t memory_bytes() const;
   bool AllFinite() const;
@@ -43,7 +46,7 @@ class ReductionValues {
   std::vector<float> TakeFloats() &&;
 
  private:
-  WireEncoding encoding_ = WireEncoding::kFp32;
+  WireFormat format_;
   size_t size_ = 0;
   std::vector<float> fp32_;         // when encoding_ is fp32
   std::vector<std::byte> encoded_;  // otherwise

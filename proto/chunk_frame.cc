@@ -146,25 +146,28 @@ absl::Status ParseFrame(const grpc::ByteBuffer& frame, int data_field, google::p
   return absl::OkStatus();
 }
 
-uint32_t DecodeFrameData(WireEncoding encoding, const FrameData& data, float* out, uint32_t crc) {
-  const size_t width = BytesPerElement(encoding);
-  std::byte straddle[sizeof(float)];  // an element split across two pieces
-  size_t held = 0;
+uint32_t DecodeFrameData(const WireFormat& format, const FrameData& data, std::span<float> out, uint32_t crc) {
+  const size_t grain = format.GrainElements();
+  std::vector<std::byte> straddle;  // a grain split across two pieces
+  size_t at = 0;                    // elements decoded
   for (std::span<const std::byte> piece : data.pieces) {
-    if (held > 0) {
-      const size_t take = std::min(width - held, piece.size());
-      std::memcpy(straddle + held, piece.data(), take);
-      held += take;
+    if (!straddle.empty()) {
+      const size_t n = std::min(grain, out.size() - at);
+      const size_t need = format.EncodedBytes(n);
+      const size_t take = std::min(need - straddle.size(), piece.size());
+      straddle.insert(straddle.end(), piece.begin(), piece.begin() + take);
       piece = piece.subspan(take);
-      if (held < width) continue;
-      crc = DecodeAndChecksum(encoding, straddle, std::span<float>(out++, 1), crc);
-      held = 0;
+      if (straddle.size() < need) continue;
+      crc = DecodeAndChecksum(format, straddle.data(), out.subspan(at, n), crc);
+      at += n;
+      straddle.clear();
     }
-    const size_t whole = piece.size() / width;
-    crc = DecodeAndChecksum(encoding, piece.data(), std::span<float>(out, whole), crc);
-    out += whole;
-    held = piece.size() - whole * width;
-    std::memcpy(straddle, piece.data() + whole * width, held);
+    // `at` is on a grain boundary: the piece's whole grains decode in place.
+    const size_t rest = out.size() - at;
+    const size_t n = piece.size() >= format.EncodedBytes(rest) ? rest : piece.size() / format.GrainBytes() * grain;
+    crc = DecodeAndChecksum(format, piece.data(), out.subspan(at, n), crc);
+    at += n;
+    straddle.assign(piece.begin() + format.EncodedBytes(n), piece.end());
   }
   return crc;
 }

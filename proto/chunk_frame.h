@@ -55,11 +55,11 @@ grpc::ByteBuffer MakeFrame(const google::protobuf::MessageLite& header, int data
 absl::Status ParseFrame(const grpc::ByteBuffer& frame, int data_field, google::protobuf::MessageLite* header,
                         FrameData* data);
 
-/// Decodes `data` (whole elements in `encoding`, split anywhere: an element
-/// may straddle two pieces) into `out`, which must hold data.size / width
-/// values, and returns the CRC-32C of its bytes continued from `crc`: one
-/// pass over them.
-uint32_t DecodeFrameData(WireEncoding encoding, const FrameData& data, float* out, uint32_t crc);
+/// Decodes `data` (out.size() elements of a slice from a grain boundary in
+/// `format`, data.size == format.EncodedBytes(out.size()), split anywhere:
+/// an element or a block may straddle two pieces) into `out`, and returns
+/// the CRC-32C of its bytes continued from `crc`: one pass over them.
+uint32_t DecodeFrameData(const WireFormat& format, const FrameData& data, std::span<float> out, uint32_t crc);
 
 /// A whole (small) message to or from a ByteBuffer: requests, responses.
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message);

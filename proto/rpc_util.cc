@@ -6,6 +6,7 @@
 #include "grpc/grpc.h"
 #include "common/checksum.h"
 #include "common/rng.h"
+#include "common/status_macros.h"
 
 namespace pshard {
 
@@ -92,16 +93,38 @@ std::vector<std::pair<std::string, int>> DataPathTransportArguments() {
 }
 
 v1::Encoding EncodingToProto(WireEncoding encoding) {
-  return encoding == WireEncoding::kBf16 ? v1::ENCODING_BF16 : v1::ENCODING_FP32;
+  switch (encoding) {
+    case WireEncoding::kFp32: return v1::ENCODING_FP32;
+    case WireEncoding::kBf16: return v1::ENCODING_BF16;
+    case WireEncoding::kInt8: return v1::ENCODING_INT8;
+    case WireEncoding::kInt4: return v1::ENCODING_INT4;
+  }
+  return v1::ENCODING_UNSPECIFIED;
 }
 
 absl::StatusOr<WireEncoding> EncodingFromProto(v1::Encoding encoding) {
   switch (encoding) {
     case v1::ENCODING_FP32: return WireEncoding::kFp32;
     case v1::ENCODING_BF16: return WireEncoding::kBf16;
+    case v1::ENCODING_INT8: return WireEncoding::kInt8;
+    case v1::ENCODING_INT4: return WireEncoding::kInt4;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unsupported wire encoding ", static_cast<int>(encoding)));
   }
+}
+
+absl::StatusOr<WireFormat> FormatFromProto(v1::Encoding encoding, int64_t quant_block) {
+  ASSIGN_OR_RETURN(const WireEncoding e, EncodingFromProto(encoding));
+  if (IsQuantized(e)) RETURN_IF_ERROR(CheckQuantBlock(quant_block));
+  return WireFormat(e, static_cast<int>(quant_block));
+}
+
+absl::StatusOr<WireFormat> WeightFormatFromProto(v1::Encoding encoding, int64_t quant_block) {
+  ASSIGN_OR_RETURN(const WireFormat format, FormatFromProto(encoding, quant_block));
+  if (format.encoding() == WireEncoding::kInt4) {
+    return absl::InvalidArgumentError("weights travel as fp32, bf16 or int8; int4 is for gradients only");
+  }
+  return format;
 }
 
 }  // namespace pshard

@@ -42,6 +42,10 @@ std::vector<std::pair<std::string, int>> DataPathTransportArguments();
 
 v1::Encoding EncodingToProto(WireEncoding encoding);
 absl::StatusOr<WireEncoding> EncodingFromProto(v1::Encoding encoding);
+/// A request's encoding with its block size (checked when quantized).
+absl::StatusOr<WireFormat> FormatFromProto(v1::Encoding encoding, int64_t quant_block);
+/// The same for a fetch of weights, which never travel as int4.
+absl::StatusOr<WireFormat> WeightFormatFromProto(v1::Encoding encoding, int64_t quant_block);
 
 }  // namespace pshard
 

@@ -21,12 +21,12 @@ class PublishedSlice {
  public:
   /// The fp32 view of `master`: its own bytes, shared rather than copied.
   static std::shared_ptr<PublishedSlice> OfMaster(std::shared_ptr<const std::vector<float>> master);
-  /// `master` encoded in `encoding` (not fp32). Writes into `reuse`'s
+  /// `master` encoded in `format` (not fp32). Writes into `reuse`'s
   /// storage when it is given and nobody else holds it, else into new.
-  static std::shared_ptr<PublishedSlice> Encode(WireEncoding encoding, std::span<const float> master,
+  static std::shared_ptr<PublishedSlice> Encode(const WireFormat& format, std::span<const float> master,
                                                 std::shared_ptr<PublishedSlice> reuse);
 
-  WireEncoding encoding() const { return encoding_; }
+  const WireFormat& format() const { return format_; }
   uint32_t checksum() const { return checksum_; }
   int64_t elements() const { return elements_; }
   std::span<const std::byte> bytes() const { return {data_, size_}; }
@@ -36,7 +36,7 @@ class PublishedSlice {
  private:
   PublishedSlice() = default;
 
-  WireEncoding encoding_ = WireEncoding::kFp32;
+  WireFormat format_;
   uint32_t checksum_ = 0;
   int64_t elements_ = 0;
   const std::byte* data_ = nullptr;

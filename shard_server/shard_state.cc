@@ -17,8 +17,9 @@
 namespace pshard {
 namespace {
 
-// Index of an encoding in UnitState::published and in the in-use mask.
-int EncodingSlot(WireEncoding encoding) { return encoding == WireEncoding::kFp32 ? 0 : 1; }
+// Encodings besides fp32 that a shard publishes every version in, at most:
+// bf16 and int8 at a few block sizes. Each costs memory for every slice.
+constexpr size_t kMaxEncodedFormats = 4;
 
 }  // namespace
 
@@ -36,9 +37,10 @@ struct ShardState::UnitState {
   std::shared_ptr<std::vector<float>> master = std::make_shared<std::vector<float>>();
   std::vector<float> m, v;
   int64_t version = 0;
-  // The published version's bytes, by encoding (EncodingSlot); empty where
-  // no fetch has asked for an encoding.
-  std::array<std::shared_ptr<PublishedSlice>, 2> published;
+  // The published version's bytes: the fp32 view, and one per other
+  // encoding that fetches have asked for.
+  std::shared_ptr<PublishedSlice> published_fp32;
+  std::vector<std::shared_ptr<PublishedSlice>> published_encoded;
   std::vector<std::pair<int64_t, std::shared_ptr<OneShotWaiter>>> waiters;
   std::vector<ElementRun> decay_runs;
 
@@ -56,19 +58,32 @@ struct ShardState::UnitState {
   // that arrived encoded stays encoded (the mean of one is itself).
   ReductionValues grad;
 
-  // Makes this version's bytes: the fp32 view of the master, and each other
-  // encoding in `encodings` (a bit per EncodingSlot), reusing the previous
-  // version's storage where no fetch still holds it.
-  void Publish(uint32_t encodings) {
-    published[0] = PublishedSlice::OfMaster(master);
-    if (encodings & (1u << EncodingSlot(WireEncoding::kBf16))) {
-      published[1] = PublishedSlice::Encode(WireEncoding::kBf16, *master, std::move(published[1]));
+  // Makes this version's bytes: the fp32 view of the master, and each of
+  // `formats`, reusing the previous version's storage where no fetch still
+  // holds it.
+  void Publish(const std::vector<WireFormat>& formats) {
+    published_fp32 = PublishedSlice::OfMaster(master);
+    std::vector<std::shared_ptr<PublishedSlice>> previous = std::move(published_encoded);
+    published_encoded.clear();
+    for (const WireFormat& format : formats) {
+      std::shared_ptr<PublishedSlice> reuse;
+      for (auto& p : previous) {
+        if (p != nullptr && p->format() == format) reuse = std::move(p);
+      }
+      published_encoded.push_back(PublishedSlice::Encode(format, *master, std::move(reuse)));
     }
+  }
+  std::shared_ptr<PublishedSlice> Find(const WireFormat& format) const {
+    if (format.encoding() == WireEncoding::kFp32) return published_fp32;
+    for (const auto& p : published_encoded) {
+      if (p->format() == format) return p;
+    }
+    return nullptr;
   }
   // Before the master changes: if a fetch still sends the published fp32
   // view from it, the new version gets storage of its own.
   void DetachMasterFromReaders() {
-    if (published[0] != nullptr && published[0].use_count() > 1) {
+    if (published_fp32 != nullptr && published_fp32.use_count() > 1) {
       master = std::make_shared<std::vector<float>>(*master);
     }
   }
@@ -95,7 +110,7 @@ absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& 
     unit->m.assign(slice.length, 0.0f);
     unit->v.assign(slice.length, 0.0f);
     unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
-    unit->Publish(0);
+    unit->Publish({});
     state->units_.push_back(std::move(unit));
   }
   absl::MutexLock lock(&state->step_mu_);
@@ -145,26 +160,46 @@ void ShardState::WhenPublished(int unit, int64_t version, absl::Time deadline,
 }
 
 absl::StatusOr<std::shared_ptr<const PublishedSlice>> ShardState::Published(int unit, int64_t version,
-                                                                               WireEncoding encoding) {
+                                                                               const WireFormat& format) {
   UnitState& u = *units_[unit];
-  const int slot = EncodingSlot(encoding);
   {
     absl::ReaderMutexLock lock(&u.mu);
     if (u.version != version) {
       return absl::FailedPreconditionError(
           absl::StrCat("unit ", unit, " is at version ", u.version, ", not ", version));
     }
-    if (u.published[slot] != nullptr) return std::shared_ptr<const PublishedSlice>(u.published[slot]);
+    if (std::shared_ptr<PublishedSlice> p = u.Find(format)) return std::shared_ptr<const PublishedSlice>(p);
   }
-  // The first fetch in this encoding: encode the current version now, and
+  // The first fetch in this format: encode the current version now, and
   // every later one at publish.
-  encodings_in_use_.fetch_or(1u << slot);
+  {
+    absl::MutexLock lock(&formats_mu_);
+    if (std::find(formats_.begin(), formats_.end(), format) == formats_.end()) {
+      if (formats_.size() >= kMaxEncodedFormats) {
+        std::vector<std::string> names;
+        for (const WireFormat& f : formats_) names.push_back(f.ToString());
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "this shard already publishes every version in ", kMaxEncodedFormats, " encodings besides fp32 (",
+            absl::StrJoin(names, ", "), "); ", format.ToString(), " would be one more"));
+      }
+      formats_.push_back(format);
+    }
+  }
   absl::MutexLock lock(&u.mu);
   if (u.version != version) {
     return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " is at version ", u.version, ", not ", version));
   }
-  if (u.published[slot] == nullptr) u.published[slot] = PublishedSlice::Encode(encoding, *u.master, nullptr);
-  return std::shared_ptr<const PublishedSlice>(u.published[slot]);
+  std::shared_ptr<PublishedSlice> p = u.Find(format);
+  if (p == nullptr) {
+    p = PublishedSlice::Encode(format, *u.master, nullptr);
+    u.published_encoded.push_back(p);
+  }
+  return std::shared_ptr<const PublishedSlice>(p);
+}
+
+std::vector<WireFormat> ShardState::FormatsInUse() const {
+  absl::MutexLock lock(&formats_mu_);
+  return formats_;
 }
 
 absl::Status ShardState::CheckPush(const ContributionId& id) const {
@@ -197,14 +232,20 @@ absl::Status ShardState::CheckPush(const ContributionId& id) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, ReductionValues values) {
+absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, ReductionValues values,
+                                                       bool reported_non_finite) {
   RETURN_IF_ERROR(CheckPush(id));
   UnitState& u = *units_[id.unit];
   if (static_cast<int64_t>(values.size()) != slice_length(id.unit)) {
     return absl::InvalidArgumentError(absl::StrCat("gradient of unit ", id.unit, " has ", values.size(),
                                                    " elements; the slice has ", slice_length(id.unit)));
   }
-  const bool finite = values.AllFinite();
+  if (values.encoded()) {
+    if (absl::Status s = CheckScales(values.format(), values.bytes().data(), values.size()); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("push of unit ", id.unit, ": ", s.message(), "; nothing applied"));
+    }
+  }
+  const bool finite = !reported_non_finite && values.AllFinite();
   absl::MutexLock lock(&step_mu_);
   if (u.reduce_step != id.step) {  // moved on between the check and the lock
     return absl::FailedPreconditionError(
@@ -320,7 +361,7 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
         // An encoded gradient is decoded for this unit only, for the update.
         const std::vector<float> grad = std::move(u.grad).TakeFloats();
         AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, grad, u.decay_runs, &norms);
-        u.Publish(encodings_in_use_.load());
+        u.Publish(FormatsInUse());
       }
       {
         // Open the next step's reduction before anyone can fetch version
@@ -421,7 +462,7 @@ absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
     unit.version = h.step;
     absl::MutexLock step_lock(&step_mu_);
     unit.reduce_step = h.step;
-    unit.Publish(encodings_in_use_.load());
+    unit.Publish(FormatsInUse());
   }
   absl::MutexLock step_lock(&step_mu_);
   step_ = h.step;
@@ -469,7 +510,7 @@ ShardState::Counters ShardState::counters() const {
   for (const auto& u : units_) {
     absl::ReaderMutexLock lock(&u->mu);
     elements += static_cast<int64_t>(u->master->size());
-    for (const auto& p : u->published) c.published_bytes += p != nullptr ? p->extra_bytes() : 0;
+    for (const auto& p : u->published_encoded) c.published_bytes += p->extra_bytes();
   }
   c.master_bytes = elements * static_cast<int64_t>(sizeof(float));
   c.moment_bytes = c.master_bytes;

@@ -97,13 +97,14 @@ class ShardState {
   /// DeadlineExceeded naming what the server waits for at `deadline`.
   void WhenPublished(int unit, int64_t version, absl::Time deadline,
                      std::shared_ptr<OneShotWaiter> waiter);
-  /// The unit's slice at `version` (its current one) in `encoding`, to send
+  /// The unit's slice at `version` (its current one) in `format`, to send
   /// from: hold it while sending, the bytes stay valid and unchanged.
   /// FailedPrecondition if the unit is at another version. The first
-  /// request of an encoding encodes the current version; from then on every
-  /// version is encoded in it once, at publish.
+  /// request of a format encodes the current version; from then on every
+  /// version is encoded in it once, at publish. A shard publishes a few
+  /// formats at most (ResourceExhausted beyond).
   absl::StatusOr<std::shared_ptr<const PublishedSlice>> Published(int unit, int64_t version,
-                                                                  WireEncoding encoding);
+                                                                  const WireFormat& format);
 
   // ---- push side ----
   /// Validates a push's identity before any data is read.
@@ -112,7 +113,11 @@ class ShardState {
   /// per contribution: a repeat is a duplicate, a partial overlap with what
   /// arrived is refused. A slice may stay in its wire encoding until it is
   /// added to another (ReductionValues: the sums are fp32 all the same).
-  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, ReductionValues values);
+  /// Quantized values are refused (InvalidArgument, nothing changes) when a
+  /// block's scale is not finite or negative. `reported_non_finite`: the
+  /// trainer saw a non-finite gradient that its encoding cannot carry.
+  absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, ReductionValues values,
+                                             bool reported_non_finite = false);
   absl::StatusOr<PushDisposition> Contribute(const ContributionId& id, std::vector<float> values) {
     return Contribute(id, ReductionValues(std::move(values)));
   }
@@ -169,8 +174,10 @@ class ShardState {
   const JobLayout layout_;
   const int shard_index_;
   std::vector<std::unique_ptr<UnitState>> units_;
-  // Encodings that fetches have asked for: published for every version.
-  std::atomic<uint32_t> encodings_in_use_{0};
+  /// Formats besides fp32 that fetches have asked for: published for every version.
+  std::vector<WireFormat> FormatsInUse() const;
+  mutable absl::Mutex formats_mu_;
+  std::vector<WireFormat> formats_ ABSL_GUARDED_BY(formats_mu_);
 
   mutable absl::Mutex step_mu_;
   int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;

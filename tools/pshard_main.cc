@@ -38,9 +38,16 @@ ABSL_FLAG(int, batch, 8, "sequences per trainer per step");
 ABSL_FLAG(int, seq_len, 64, "tokens per sequence");
 ABSL_FLAG(int, prefetch, 1, "units fetched ahead of the one computing");
 ABSL_FLAG(bool, recompute, false, "trainers recompute each block in backward instead of keeping its activations");
-ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
-ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights (empty: --encoding)");
-ABSL_FLAG(std::string, grad_encoding, "", "wire encoding of pushed gradients (empty: --encoding)");
+ABSL_FLAG(std::string, encoding, "bf16",
+          "wire encoding of weights and gradients: fp32, bf16 or int8 (int4 is for --grad_encoding only)");
+ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights: fp32, bf16 or int8 (empty: --encoding)");
+ABSL_FLAG(std::string, grad_encoding, "",
+          "wire encoding of pushed gradients: fp32, bf16, int8 or int4 (empty: --encoding)");
+ABSL_FLAG(int, quant_block, pshard::kDefaultQuantBlock,
+          "elements per scale of int8 and int4 (block quantization; a multiple of 16 in [16, 16384])");
+ABSL_FLAG(std::string, error_feedback, "auto",
+          "add each gradient slice's quantization residual of its last push to its next one: auto (on for int8 "
+          "and int4 gradients), true or false");
 ABSL_FLAG(std::string, device, "cpu", "where trainers run the model: cpu, cuda or auto");
 ABSL_FLAG(std::string, reshard_after_forward, "true",
           "true: trainers fetch each unit again for its backward (ZeRO stage 3); false: they keep every unit "
@@ -141,9 +148,14 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: --attention=%s: expected auto, fused or materialized\n", attention.c_str());
     return 2;
   }
-  if (absl::Status e = pshard::ParseWireEncodings(absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding),
-                                                  absl::GetFlag(FLAGS_grad_encoding))
-                           .status();
+  absl::StatusOr<pshard::WireEncodings> encodings =
+      pshard::ParseWireEncodings(absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding),
+                                 absl::GetFlag(FLAGS_grad_encoding), absl::GetFlag(FLAGS_quant_block));
+  if (!encodings.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(encodings.status().message()).c_str());
+    return 2;
+  }
+  if (absl::Status e = pshard::ParseErrorFeedback(absl::GetFlag(FLAGS_error_feedback), encodings->grads).status();
       !e.ok()) {
     std::fprintf(stderr, "pshard local: %s\n", std::string(e.message()).c_str());
     return 2;
@@ -205,6 +217,8 @@ int RunLocal() {
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--weight_encoding=", absl::GetFlag(FLAGS_weight_encoding)),
       absl::StrCat("--grad_encoding=", absl::GetFlag(FLAGS_grad_encoding)),
+      absl::StrCat("--quant_block=", absl::GetFlag(FLAGS_quant_block)),
+      absl::StrCat("--error_feedback=", absl::GetFlag(FLAGS_error_feedback)),
       absl::StrCat("--device=", absl::GetFlag(FLAGS_device)),
       absl::StrCat("--attention=", absl::GetFlag(FLAGS_attention)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),

@@ -319,7 +319,7 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
   transfer->values_ = pool_->Take(p.padded_numel());
   for (int s : targets) {
     const SliceRange slice = p.Slice(s);
-    FetchArgs args{unit, version, options_.encodings.weights, options_.trainer_rank, slice};
+    FetchArgs args{unit, version, options_.encodings.weight_format(), options_.trainer_rank, slice};
     shards_[s]->transport->Fetch(args, transfer->values_.data() + slice.begin,
                                  [transfer](absl::Status status, int64_t bytes) {
                                    transfer->PartDone(std::move(status), bytes);
@@ -341,15 +341,42 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
     }
     return transfer;
   }
+  const WireFormat format = options_.encodings.grad_format();
+  std::vector<char> non_finite(targets.size(), 0);
+  if (format.quantized()) {
+    absl::MutexLock lock(&residual_mu_);
+    std::vector<float>* residual = nullptr;
+    if (options_.error_feedback) {
+      residuals_.resize(layout_.partitions.size());
+      residual = &residuals_[unit];
+      if (residual->empty()) residual->assign(grads.size(), 0.0f);
+    }
+    std::vector<float> sent;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const SliceRange slice = p.Slice(targets[i]);
+      const std::span<float> g(grads.data() + slice.begin, slice.length);
+      non_finite[i] = QuantizeWithFeedback(format, g, residual == nullptr ? std::span<float>()
+                                                           : std::span<float>(residual->data() + slice.begin, slice.length),
+                                          &sent) ? 0 : 1;
+    }
+  }
   auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
-  for (int s : targets) {
-    PushArgs args{unit, step, options_.encodings.grads, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
-                  push.rank_count, push.micro_batch, p.Slice(s)};
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const int s = targets[i];
+    PushArgs args{unit, step, format, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
+                  push.rank_count, push.micro_batch, p.Slice(s), non_finite[i] != 0};
     shards_[s]->transport->Push(args, shared, [transfer](absl::Status status, int64_t bytes) {
       transfer->PartDone(std::move(status), bytes);
     });
   }
   return transfer;
+}
+
+int64_t ShardClient::residual_bytes() const {
+  absl::MutexLock lock(&residual_mu_);
+  int64_t bytes = 0;
+  for (const auto& r : residuals_) bytes += static_cast<int64_t>(r.size() * sizeof(float));
+  return bytes;
 }
 
 absl::StatusOr<std::vector<std::string>> ShardClient::Rendezvous(const std::string& group, int member, int size,

@@ -79,6 +79,9 @@ class ShardClient {
     std::vector<std::string> server_addresses;  ///< all N servers, any order
     int trainer_rank = 0;                       ///< -1 for tools that only read
     WireEncodings encodings;  ///< of fetched weights and of pushed gradients
+    /// Quantized gradients (int8, int4): add each slice's quantization
+    /// residual of the last push to the next gradient of the same slice.
+    bool error_feedback = true;
     absl::Duration join_timeout = absl::Seconds(30);  ///< servers may still be starting
     /// A server name that does not resolve for this long ends the join.
     absl::Duration join_resolve_grace = absl::Minutes(1);
@@ -130,12 +133,18 @@ class ShardClient {
     std::optional<std::vector<int>> shards;  ///< shards to push to; unset: all
   };
   /// Starts pushing the gradient of `unit` for `step`: `grads` has the
-  /// unit's padded length (padding zero); slice s goes to shard s.
+  /// unit's padded length (padding zero); slice s goes to shard s. With
+  /// quantized gradients and error feedback, each pushed slice first gets
+  /// the residual its last push left (what quantization took off it), and
+  /// leaves its own; a slice that is not finite leaves a zero residual.
   std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads,
                                           const PushOptions& push);
   std::shared_ptr<UnitTransfer> StartPush(int unit, int64_t step, std::vector<float> grads) {
     return StartPush(unit, step, std::move(grads), PushOptions());
   }
+
+  /// Host memory the error-feedback residuals take (0 without them).
+  int64_t residual_bytes() const;
 
   /// Reads a unit's fp32 master weights from every shard (unpadded).
   /// With `version`, waits (up to the RPC deadline) until the unit is
@@ -163,6 +172,10 @@ class ShardClient {
   int64_t joined_step_ = 0;
   std::vector<std::unique_ptr<Shard>> shards_;  // indexed by shard index
   std::shared_ptr<BufferPool> pool_;
+  // Error feedback: per unit, the residual of every slice (padded length;
+  // empty until the unit's first quantized push).
+  mutable absl::Mutex residual_mu_;
+  std::vector<std::vector<float>> residuals_ ABSL_GUARDED_BY(residual_mu_);
   DeadlineTimer timer_;  // delivers emulated-link delays
 };
 

@@ -57,9 +57,16 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the model runs: cpu, cuda or cuda:N (needs a CUDA build), or auto (cuda when built and present)");
 ABSL_FLAG(std::string, group_backend, "tcp",
           "fabric-group collectives: tcp (any trainers) or nccl (GPU trainers; needs an NCCL build)");
-ABSL_FLAG(std::string, encoding, "bf16", "wire encoding of weights and gradients: fp32 or bf16");
-ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights (empty: --encoding)");
-ABSL_FLAG(std::string, grad_encoding, "", "wire encoding of pushed gradients (empty: --encoding)");
+ABSL_FLAG(std::string, encoding, "bf16",
+          "wire encoding of weights and gradients: fp32, bf16 or int8 (int4 is for --grad_encoding only)");
+ABSL_FLAG(std::string, weight_encoding, "", "wire encoding of fetched weights: fp32, bf16 or int8 (empty: --encoding)");
+ABSL_FLAG(std::string, grad_encoding, "",
+          "wire encoding of pushed gradients: fp32, bf16, int8 or int4 (empty: --encoding)");
+ABSL_FLAG(int, quant_block, pshard::kDefaultQuantBlock,
+          "elements per scale of int8 and int4 (block quantization; a multiple of 16 in [16, 16384])");
+ABSL_FLAG(std::string, error_feedback, "auto",
+          "add each gradient slice's quantization residual of its last push to its next one: auto (on for int8 "
+          "and int4 gradients), true or false");
 ABSL_FLAG(std::string, transport, "auto",
           "data path to the servers: auto (UCX where built and offered, else gRPC), grpc or ucx");
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
@@ -118,16 +125,23 @@ int Run() {
   pshard::CallOnTerminationSignal([](int) { stop = true; });
   openblas_set_num_threads(absl::GetFlag(FLAGS_blas_threads));
 
-  absl::StatusOr<pshard::WireEncodings> encodings = pshard::ParseWireEncodings(
-      absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding), absl::GetFlag(FLAGS_grad_encoding));
+  absl::StatusOr<pshard::WireEncodings> encodings =
+      pshard::ParseWireEncodings(absl::GetFlag(FLAGS_encoding), absl::GetFlag(FLAGS_weight_encoding),
+                                 absl::GetFlag(FLAGS_grad_encoding), absl::GetFlag(FLAGS_quant_block));
   if (!encodings.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", encodings.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<bool> error_feedback = pshard::ParseErrorFeedback(absl::GetFlag(FLAGS_error_feedback), encodings->grads);
+  if (!error_feedback.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", std::string(error_feedback.status().message()).c_str());
     return 2;
   }
   pshard::ShardClient::Options copts;
   copts.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   copts.trainer_rank = absl::GetFlag(FLAGS_rank);
   copts.encodings = *encodings;
+  copts.error_feedback = *error_feedback;
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   copts.transport = absl::GetFlag(FLAGS_transport);
@@ -284,6 +298,8 @@ int Run() {
     const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
     int64_t kept_weight_bytes = 0;  // fp32 unit buffers, all held at the end of forward without resharding
     for (const pshard::UnitPartition& p : (*client)->layout().partitions) kept_weight_bytes += 4 * p.padded_numel();
+    // Error feedback keeps an fp32 residual of every gradient element it pushes.
+    const int64_t residual_bytes = copts.error_feedback ? kept_weight_bytes : 0;
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
                 "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
@@ -298,7 +314,11 @@ int Run() {
                              topts.reshard_after_forward
                                  ? ""
                                  : absl::StrCat("; every unit kept from forward to backward: ",
-                                                mib(kept_weight_bytes), " of weights"))
+                                                mib(kept_weight_bytes), " of weights"),
+                             residual_bytes > 0
+                                 ? absl::StrCat("; error feedback: ", mib(residual_bytes),
+                                                " of gradient residuals in host memory")
+                                 : "")
                     .c_str(),
                 memory.device > 0
                     ? absl::StrCat("; ", mib(memory.device), " of device memory = activations + ",

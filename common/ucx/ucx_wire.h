@@ -28,7 +28,9 @@ struct FetchHeader {
   int64_t version = 0;
   int64_t wait_ms = 0;      ///< how long the trainer waits; the server answers before
   int32_t unit = 0;
-  int32_t encoding = 0;     ///< WireEncoding
+  int32_t encoding = 0;     ///< v1::Encoding
+  int32_t quant_block = 0;  ///< elements per scale (int8)
+  int32_t reserved = 0;
 };
 
 struct PushHeader {
@@ -40,7 +42,9 @@ struct PushHeader {
   int32_t rank_count = 1;
   int32_t micro_batch = 0;
   int32_t unit = 0;
-  int32_t encoding = 0;
+  int32_t encoding = 0;     ///< v1::Encoding
+  int32_t quant_block = 0;  ///< elements per scale (int8, int4)
+  int32_t non_finite = 0;   ///< 1: PushChunk.non_finite
   int32_t reserved = 0;
 };
 

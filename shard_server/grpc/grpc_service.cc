@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -21,10 +22,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                absl::Time wait_deadline, int64_t chunk_bytes)
       : state_(state), metrics_(metrics), start_(absl::Now()) {
     absl::Status status = ParseMessage(request_frame, &request_);
-    absl::StatusOr<WireEncoding> encoding = WireEncoding::kFp32;
+    absl::StatusOr<WireFormat> format = WireFormat();
     if (status.ok()) {
-      encoding = EncodingFromProto(request_.encoding());
-      status = encoding.status();
+      format = WeightFormatFromProto(request_.encoding(), request_.quant_block());
+      status = format.status();
     }
     if (status.ok()) status = state->CheckFetch(request_.unit(), request_.version());
     if (!status.ok()) {
@@ -32,13 +33,13 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     bytes_out_ = &metrics->bytes_out(request_.trainer_rank());
-    encoding_ = *encoding;
+    format_ = *format;
     slice_length_ = state->slice_length(request_.unit());
-    chunk_elements_ = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding_)));
+    chunk_elements_ = static_cast<int64_t>(format_.ElementsPerPiece(static_cast<size_t>(chunk_bytes)));
     waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
       if (!s.ok()) return FinishWith(s);
       absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
-          state_->Published(request_.unit(), request_.version(), encoding_);
+          state_->Published(request_.unit(), request_.version(), format_);
       if (!slice.ok()) return FinishWith(slice.status());
       slice_ = std::move(*slice);
       WriteNext();
@@ -68,7 +69,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void WriteNext() {
     if (offset_ >= slice_length_) return FinishWith(absl::OkStatus());
     const int64_t count = std::min(chunk_elements_, slice_length_ - offset_);
-    const size_t width = BytesPerElement(encoding_);
+    const size_t from = format_.EncodedBytes(offset_);
+    const size_t bytes = format_.EncodedBytes(offset_ + count) - from;
     v1::FetchChunk header;
     if (offset_ == 0) {
       header.set_checksum(slice_->checksum());
@@ -77,7 +79,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     header.set_offset(offset_);
     frame_ = MakeFrame(header, kFetchChunkDataField,
-                       SliceOver(slice_->bytes().subspan(offset_ * width, count * width), slice_));
+                       SliceOver(slice_->bytes().subspan(from, bytes), slice_));
     offset_ += count;
     StartWrite(&frame_);
   }
@@ -87,7 +89,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   v1::FetchRequest request_;
   const absl::Time start_;
   metrics::Counter* bytes_out_ = nullptr;
-  WireEncoding encoding_ = WireEncoding::kFp32;
+  WireFormat format_;
   int64_t slice_length_ = 0;
   int64_t chunk_elements_ = 0;
   int64_t offset_ = 0;
@@ -131,9 +133,9 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   absl::Status Accept() {
     if (chunks_ == 0) {
       first_ = chunk_;
-      absl::StatusOr<WireEncoding> encoding = EncodingFromProto(chunk_.encoding());
-      if (!encoding.ok()) return encoding.status();
-      encoding_ = *encoding;
+      absl::StatusOr<WireFormat> format = FormatFromProto(chunk_.encoding(), chunk_.quant_block());
+      if (!format.ok()) return format.status();
+      format_ = *format;
       if (absl::Status s = state_->CheckPush(Identity()); !s.ok()) return s;
       const int64_t expected = state_->slice_length(chunk_.unit());
       if (chunk_.slice_length() != expected) {
@@ -141,11 +143,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             "wrong length: push of unit ", chunk_.unit(), " declares ", chunk_.slice_length(),
             " elements; this shard's slice has ", expected));
       }
-      staged_ = ReductionValues::Allocate(encoding_, expected);
+      staged_ = ReductionValues::Allocate(format_, expected);
     } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
                chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
                chunk_.slice_length() != first_.slice_length() || chunk_.micro_batch() != first_.micro_batch() ||
-               chunk_.rank_count() != first_.rank_count()) {
+               chunk_.rank_count() != first_.rank_count() || chunk_.quant_block() != first_.quant_block() ||
+               chunk_.non_finite() != first_.non_finite()) {
       return absl::InvalidArgumentError(
           absl::StrCat("chunk ", chunk_.chunk_index(), " changes the push's identity"));
     }
@@ -153,15 +156,20 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_.chunk_index(),
                                                      " arrived where chunk ", chunks_, " was due"));
     }
-    const size_t width = BytesPerElement(encoding_);
-    const int64_t count = static_cast<int64_t>(data_.size / width);
-    if (data_.size % width != 0 || chunk_.offset() != received_ ||
-        received_ + count > static_cast<int64_t>(staged_.size())) {
+    const size_t remaining = staged_.size() - static_cast<size_t>(received_);
+    const std::optional<size_t> elements = format_.ElementsIn(data_.size, remaining);
+    if (!elements) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "wrong length: chunk ", chunks_, " covers elements [", chunk_.offset(), ", ",
-          chunk_.offset() + count, ") after ", received_, " of ", staged_.size(), " received"));
+          "wrong length: chunk ", chunks_, " carries ", data_.size, " bytes, which are neither whole ",
+          format_.quantized() ? "blocks" : "elements", " of ", format_.ToString(), " nor the ", remaining,
+          " elements left of the slice (", format_.EncodedBytes(remaining), " bytes)"));
     }
-    std::byte* to = staged_.mutable_bytes().data() + received_ * width;
+    const int64_t count = static_cast<int64_t>(*elements);
+    if (chunk_.offset() != received_) {
+      return absl::InvalidArgumentError(absl::StrCat("wrong offset: chunk ", chunks_, " starts at element ",
+                                                     chunk_.offset(), " after ", received_, " received"));
+    }
+    std::byte* to = staged_.mutable_bytes().data() + format_.EncodedBytes(static_cast<size_t>(received_));
     for (std::span<const std::byte> piece : data_.pieces) {
       CopyBytes(to, piece.data(), piece.size());
       to += piece.size();
@@ -186,7 +194,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
           absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_, " of ",
                        staged_.size(), " elements; nothing applied")));
     }
-    absl::StatusOr<PushDisposition> d = state_->Contribute(Identity(), std::move(staged_));
+    absl::StatusOr<PushDisposition> d = state_->Contribute(Identity(), std::move(staged_), first_.non_finite());
     if (!d.ok()) return FinishWith(d.status());
     switch (*d) {
       case PushDisposition::kAccepted:
@@ -216,7 +224,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   FrameData data_;  // chunk_'s data, pointing into frame_'s slices
   v1::PushChunk chunk_;  // the chunk's other fields
   v1::PushChunk first_;
-  WireEncoding encoding_ = WireEncoding::kFp32;
+  WireFormat format_;
   ReductionValues staged_;  // the slice as it arrives, in its encoding
   const absl::Time start_;
   int64_t received_ = 0;

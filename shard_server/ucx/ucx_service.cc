@@ -48,12 +48,12 @@ struct UcxService::Impl : std::enable_shared_from_this<Impl> {
   void Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank);
   void Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status);
   // Any thread: takes the published slice and hands the reply to the worker.
-  void SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, WireEncoding encoding, int rank,
+  void SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, const WireFormat& format, int rank,
                  absl::Status status);
-  absl::Status CheckPush(const ucx::PushHeader& h, size_t length, WireEncoding* encoding) const;
+  absl::Status CheckPush(const ucx::PushHeader& h, size_t length, WireFormat* format) const;
   // An eager push's data (in UCX's buffer) is copied; a rendezvous one was
   // received into `values`.
-  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding, const void* data,
+  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, const WireFormat& format, const void* data,
                     size_t length);
   void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length);
   // A rendezvous push being received.
@@ -108,8 +108,8 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
     self->Refuse(ep, ucx::kFetchReply, h.request_id, UnknownToken());
     return UCS_OK;
   }
-  absl::StatusOr<WireEncoding> encoding = EncodingFromProto(static_cast<v1::Encoding>(h.encoding));
-  absl::Status status = encoding.status();
+  absl::StatusOr<WireFormat> format = WeightFormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block);
+  absl::Status status = format.status();
   if (status.ok()) status = self->state->CheckFetch(h.unit, h.version);
   if (!status.ok()) {
     self->Refuse(ep, ucx::kFetchReply, h.request_id, status);
@@ -123,20 +123,20 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
     wait = std::min(wait, client - std::min(absl::Milliseconds(500), client / 10));
   }
   std::weak_ptr<Impl> weak = self->weak_from_this();
-  auto waiter = std::make_shared<OneShotWaiter>([weak, ep, h, encoding = *encoding, rank = *rank](absl::Status s) {
-    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(ep, h, encoding, rank, std::move(s));
+  auto waiter = std::make_shared<OneShotWaiter>([weak, ep, h, format = *format, rank = *rank](absl::Status s) {
+    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(ep, h, format, rank, std::move(s));
   });
   self->state->WhenPublished(h.unit, h.version, absl::Now() + wait, waiter);
   return UCS_OK;
 }
 
-void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, WireEncoding encoding, int rank,
+void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, const WireFormat& format, int rank,
                                  absl::Status status) {
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = request.request_id;
   if (status.ok()) {
     absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
-        state->Published(request.unit, request.version, encoding);
+        state->Published(request.unit, request.version, format);
     status = slice.status();
     if (status.ok()) {
       reply->slice = std::move(*slice);
@@ -156,9 +156,9 @@ void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, W
 
 // ---- push ----
 
-absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length, WireEncoding* encoding) const {
+absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length, WireFormat* format) const {
   if (!tokens->Lookup(h.token)) return UnknownToken();
-  ASSIGN_OR_RETURN(*encoding, EncodingFromProto(static_cast<v1::Encoding>(h.encoding)));
+  ASSIGN_OR_RETURN(*format, FormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
   RETURN_IF_ERROR(state->CheckPush(id));
   const int64_t expected = state->slice_length(h.unit);
@@ -166,17 +166,17 @@ absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length
     return absl::InvalidArgumentError(absl::StrCat("wrong length: push of unit ", h.unit, " declares ",
                                                    h.slice_length, " elements; this shard's slice has ", expected));
   }
-  if (length != static_cast<size_t>(expected) * BytesPerElement(*encoding)) {
+  if (length != format->EncodedBytes(static_cast<size_t>(expected))) {
     return absl::InvalidArgumentError(absl::StrCat("wrong length: push of unit ", h.unit, " carries ", length,
-                                                   " bytes; ", expected, " ", std::string(WireEncodingName(*encoding)),
-                                                   " elements take ", expected * BytesPerElement(*encoding)));
+                                                   " bytes; ", expected, " elements in ", format->ToString(),
+                                                   " take ", format->EncodedBytes(static_cast<size_t>(expected))));
   }
   return absl::OkStatus();
 }
 
-void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireEncoding encoding,
+void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, const WireFormat& format,
                                     const void* data, size_t length) {
-  ReductionValues values = ReductionValues::Allocate(encoding, h.slice_length);
+  ReductionValues values = ReductionValues::Allocate(format, h.slice_length);
   CopyBytes(values.mutable_bytes().data(), data, length);
   CompletePush(ep, h, std::move(values), length);
 }
@@ -184,7 +184,7 @@ void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, WireE
 void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length) {
   metrics->bytes_in(h.trainer, kTransport).Increment(static_cast<double>(sizeof(h) + length));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
-  absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(values));
+  absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(values), h.non_finite != 0);
   if (!d.ok()) return Refuse(ep, ucx::kPushReply, h.request_id, d.status());
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = h.request_id;
@@ -234,16 +234,16 @@ ucs_status_t UcxService::Impl::OnPush(void* arg, const void* header, size_t head
     self->metrics->Reject(absl::InvalidArgumentError("malformed UCX push"));
     return UCS_OK;  // rendezvous data not asked for is dropped by UCX
   }
-  WireEncoding encoding = WireEncoding::kFp32;
-  if (absl::Status s = self->CheckPush(h, length, &encoding); !s.ok()) {
+  WireFormat format;
+  if (absl::Status s = self->CheckPush(h, length, &format); !s.ok()) {
     self->Refuse(ep, ucx::kPushReply, h.request_id, s);
     return UCS_OK;
   }
   if (!IsRendezvous(param)) {
-    self->CompletePush(ep, h, encoding, data, length);
+    self->CompletePush(ep, h, format, data, length);
     return UCS_OK;
   }
-  auto* r = new PushReceive{self, ep, h, ReductionValues::Allocate(encoding, h.slice_length)};
+  auto* r = new PushReceive{self, ep, h, ReductionValues::Allocate(format, h.slice_length)};
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.recv_am = PushReceived;

@@ -42,8 +42,8 @@ void ExpectBitIdentical(const std::vector<std::vector<float>>& got,
   }
 }
 
-std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncodings encoding) {
-  auto weights = TrainReference(job, encoding, TinyTrainer(), TestCorpus(), kSteps);
+std::vector<std::vector<float>> Reference(const JobConfig& job, WireEncodings encoding, bool error_feedback) {
+  auto weights = TrainReference(job, encoding, TinyTrainer(), TestCorpus(), kSteps, error_feedback);
   EXPECT_TRUE(weights.ok()) << weights.status();
   return weights.ok() ? *weights : std::vector<std::vector<float>>();
 }
@@ -54,13 +54,16 @@ struct ParityCase {
   int trainers;
   WireEncodings encoding;
   bool reshard_after_forward = true;
+  bool error_feedback = true;  ///< for quantized gradients
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
   const WireEncodings& e = info.param.encoding;
-  const std::string encoding = e.weights == e.grads ? std::string(WireEncodingName(e.weights))
-                                                    : absl::StrCat("weights_", std::string(WireEncodingName(e.weights)),
-                                                                   "_grads_", std::string(WireEncodingName(e.grads)));
+  std::string encoding = e.weights == e.grads ? std::string(WireEncodingName(e.weights))
+                                              : absl::StrCat("weights_", std::string(WireEncodingName(e.weights)),
+                                                             "_grads_", std::string(WireEncodingName(e.grads)));
+  if (IsQuantized(e.weights) || IsQuantized(e.grads)) absl::StrAppend(&encoding, "_block", e.quant_block);
+  if (IsQuantized(e.grads) && !info.param.error_feedback) absl::StrAppend(&encoding, "_no_feedback");
   return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_", encoding,
                       info.param.reshard_after_forward ? "" : "_kept_from_forward");
 }
@@ -76,6 +79,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
 
   ClusterTraining how;
   how.encoding = c.encoding;
+  how.error_feedback = c.error_feedback;
   how.transport = c.transport;
   how.trainer = TinyTrainer();
   how.trainer.reshard_after_forward = c.reshard_after_forward;
@@ -85,7 +89,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
 
   auto sharded = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(sharded.ok()) << sharded.status();
-  const auto reference = Reference(job, c.encoding);
+  const auto reference = Reference(job, c.encoding, c.error_feedback);
   ExpectBitIdentical(*sharded, reference);
 
   // The weights moved: a parity check against untouched weights proves nothing.
@@ -120,6 +124,19 @@ std::vector<ParityCase> AllCases() {
     for (int n : {1, 3}) {
       for (int m : {1, 2}) cases.push_back({transport, n, m, kBf16, /*reshard_after_forward=*/false});
     }
+    // Block quantization: int8 weights, int8 and int4 gradients with error
+    // feedback, and all three levers together. Blocks of 48 do not divide
+    // the slices, so every slice ends in a short block.
+    constexpr WireEncoding kInt8 = WireEncoding::kInt8, kInt4 = WireEncoding::kInt4;
+    for (int n : {1, 3}) {
+      for (int m : {1, 2}) {
+        cases.push_back({transport, n, m, WireEncodings(kInt8, kBf16, 48)});
+        cases.push_back({transport, n, m, WireEncodings(kBf16, kInt8, 48)});
+        cases.push_back({transport, n, m, WireEncodings(kBf16, kInt4, 48)});
+        cases.push_back({transport, n, m, WireEncodings(kInt8, kInt4, 48), /*reshard_after_forward=*/false});
+      }
+    }
+    cases.push_back({transport, 3, 2, WireEncodings(kBf16, kInt4, 48), true, /*error_feedback=*/false});
   }
   return cases;
 }

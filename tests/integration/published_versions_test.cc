@@ -51,7 +51,7 @@ class SlowFetch {
     while (reader_->Read(&chunk)) Take(chunk);
     RETURN_IF_ERROR(FromGrpcStatus(reader_->Finish()));
     if (Crc32c(bytes_.data(), bytes_.size()) != checksum_) return absl::DataLossError("checksum mismatch");
-    std::vector<float> values(bytes_.size() / BytesPerElement(encoding_));
+    std::vector<float> values(bytes_.size() / (encoding_ == WireEncoding::kBf16 ? 2 : 4));
     DecodeElements(encoding_, reinterpret_cast<const std::byte*>(bytes_.data()), values);
     return values;
   }

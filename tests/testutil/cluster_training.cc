@@ -31,7 +31,7 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
   }
   std::vector<absl::Status> results(num_trainers);
   auto train = [&](int r) -> absl::Status {
-    absl::StatusOr<std::unique_ptr<ShardClient>> client = cluster.Connect(r, how.encoding, how.transport);
+    absl::StatusOr<std::unique_ptr<ShardClient>> client = cluster.Connect(r, how.encoding, how.transport, how.error_feedback);
     if (!client.ok()) return client.status();
     for (int s = 0; s < cluster.num_shards(); ++s) {
       if ((*client)->transport_name(s) != how.transport) {

@@ -17,6 +17,7 @@ std::vector<std::string> EnabledTransports();
 
 struct ClusterTraining {
   WireEncodings encoding;  ///< per direction (one encoding: both)
+  bool error_feedback = true;  ///< for quantized gradients
   std::string transport = "grpc";  ///< every link must end up on it
   TrainerOptions trainer;          ///< `group` is set per trainer when group_size > 1
   int group_size = 1;              ///< > 1: host fabric groups of consecutive ranks

@@ -36,11 +36,13 @@ std::vector<std::string> LocalCluster::addresses() const {
 }
 
 absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, WireEncodings encodings,
-                                                                   const std::string& transport) const {
+                                                                   const std::string& transport,
+                                                                   bool error_feedback) const {
   ShardClient::Options options;
   options.server_addresses = addresses();
   options.trainer_rank = rank;
   options.encodings = encodings;
+  options.error_feedback = error_feedback;
   options.join_timeout = absl::Seconds(10);
   options.rpc_timeout = absl::Seconds(60);
   options.transport = transport;

@@ -44,7 +44,8 @@ class LocalCluster {
   /// A connected client for `rank` (-1: a reader that is not a trainer)
   /// whose links use `transport` ("grpc", "ucx", "auto").
   absl::StatusOr<std::unique_ptr<ShardClient>> Connect(int rank, WireEncodings encodings,
-                                                       const std::string& transport = "grpc") const;
+                                                       const std::string& transport = "grpc",
+                                                       bool error_feedback = true) const;
   /// Every unit's fp32 master weights, unpadded, read through the protocol;
   /// with `version`, once every unit is published at it (a trainer's last
   /// step returns before the servers have applied it).

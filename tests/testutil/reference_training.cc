@@ -10,9 +10,10 @@
 namespace pshard::testing {
 
 ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding,
-                                     TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model)
+                                     TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model,
+                                     bool error_feedback)
     : job_(std::move(job)), layout_(std::move(layout)), encoding_(encoding), trainer_(trainer),
-      data_(data), model_(std::move(model)) {
+      data_(data), model_(std::move(model)), error_feedback_(error_feedback && encoding.grad_format().quantized()) {
   for (size_t u = 0; u < layout_.spec.units.size(); ++u) {
     const int64_t padded = layout_.partitions[u].padded_numel();
     std::vector<float> w(padded);
@@ -21,14 +22,25 @@ ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodi
     m_.emplace_back(padded, 0.0f);
     v_.emplace_back(padded, 0.0f);
   }
+  residual_.assign(job_.num_trainers, std::vector<std::vector<float>>());
+  for (auto& per_unit : residual_) {
+    for (const auto& w : master_) per_unit.emplace_back(w.size(), 0.0f);
+  }
+}
+
+void ReferenceTraining::RoundTripBySlice(const WireFormat& format, size_t unit, std::vector<float>& values) const {
+  for (int s = 0; s < job_.num_shards; ++s) {
+    const SliceRange slice = layout_.partitions[unit].Slice(s);
+    RoundTripInPlace(format, std::span<float>(values.data() + slice.begin, slice.length));
+  }
 }
 
 absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncodings encoding,
                                                             const TrainerOptions& trainer,
-                                                            const TokenDataset* data) {
+                                                            const TokenDataset* data, bool error_feedback) {
   ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
   ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(layout.spec, trainer.batch, trainer.seq_len));
-  return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model));
+  return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model), error_feedback);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGradient(int64_t step, int rank,
@@ -39,7 +51,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGra
                                      tokens, targets));
   RETURN_IF_ERROR(model_.SetBatch(tokens, targets));
   std::vector<std::vector<float>> weights = master_;
-  for (auto& w : weights) RoundTripInPlace(encoding_.weights, w);
+  for (size_t u = 0; u < weights.size(); ++u) RoundTripBySlice(encoding_.weight_format(), u, weights[u]);
   std::vector<std::vector<float>> grads;
   ASSIGN_OR_RETURN(float loss, LossAndGradients(model_, weights, &grads));
   (void)loss;
@@ -62,9 +74,26 @@ absl::Status ReferenceTraining::Step(int64_t step) {
   }
   std::vector<std::vector<float>> sum(units);
   for (size_t u = 0; u < units; ++u) {
-    auto pushed = [&](std::vector<float> v) {  // what one push carries
-      RoundTripInPlace(encoding_.grads, v);
-      for (float x : v) non_finite = non_finite || !std::isfinite(x);
+    const WireFormat format = encoding_.grad_format();
+    std::vector<float> scratch;
+    auto pushed = [&](int rank, std::vector<float> v) {  // what one push of trainer `rank` carries
+      if (!format.quantized()) {
+        RoundTripBySlice(format, u, v);
+        for (float x : v) non_finite = non_finite || !std::isfinite(x);
+        return v;
+      }
+      for (int s = 0; s < job_.num_shards; ++s) {
+        const SliceRange slice = layout_.partitions[u].Slice(s);
+        const std::span<float> part(v.data() + slice.begin, slice.length);
+        const std::span<float> residual =
+            error_feedback_ ? std::span<float>(residual_[rank][u].data() + slice.begin, slice.length)
+                            : std::span<float>();
+        if (!QuantizeWithFeedback(format, part, residual, &scratch)) {
+          non_finite = true;
+          std::fill(part.begin(), part.end(), 0.0f);  // sent as zero blocks
+        }
+        RoundTripInPlace(format, part);
+      }
       return v;
     };
     if (job_.accumulate_on_trainer) {
@@ -72,14 +101,14 @@ absl::Status ReferenceTraining::Step(int64_t step) {
       for (int r = 0; r < ranks; ++r) {
         std::vector<std::vector<float>> per_micro;
         for (int m = 0; m < micros; ++m) per_micro.push_back(g[m][r][u]);
-        per_rank.push_back(pushed(TreeSum(std::move(per_micro))));
+        per_rank.push_back(pushed(r, TreeSum(std::move(per_micro))));
       }
       sum[u] = TreeSum(std::move(per_rank));
     } else {
       std::vector<std::vector<float>> per_micro;
       for (int m = 0; m < micros; ++m) {
         std::vector<std::vector<float>> per_rank;
-        for (int r = 0; r < ranks; ++r) per_rank.push_back(pushed(g[m][r][u]));
+        for (int r = 0; r < ranks; ++r) per_rank.push_back(pushed(r, g[m][r][u]));
         per_micro.push_back(TreeSum(std::move(per_rank)));
       }
       sum[u] = TreeSum(std::move(per_micro));
@@ -126,8 +155,9 @@ std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
 
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
-                                                              const TokenDataset& data, int64_t steps) {
-  ASSIGN_OR_RETURN(ReferenceTraining ref, ReferenceTraining::Create(job, encoding, trainer, &data));
+                                                              const TokenDataset& data, int64_t steps,
+                                                              bool error_feedback) {
+  ASSIGN_OR_RETURN(ReferenceTraining ref, ReferenceTraining::Create(job, encoding, trainer, &data, error_feedback));
   for (int64_t step = 0; step < steps; ++step) RETURN_IF_ERROR(ref.Step(step));
   return ref.MasterWeights();
 }

@@ -1,7 +1,8 @@
 // Unsharded training in one process: the parity oracle. It trains the same
 // model on the same micro-batches as M trainers against N servers and
-// applies the same roundings: the wire encoding on weights and gradients,
-// contributions summed in the canonical tree order (per micro-batch over
+// applies the same roundings: the wire encoding on weights and gradients
+// (quantized slice by slice, as each server's slice is, with each trainer's
+// error-feedback residual carried from push to push), contributions summed in the canonical tree order (per micro-batch over
 // ranks, then over micro-batches; or, when trainers accumulate, over their
 // micro-batches first), the norm summed shard by shard.
 #ifndef PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
@@ -20,8 +21,10 @@ namespace pshard::testing {
 
 class ReferenceTraining {
  public:
+  /// `error_feedback`: as ShardClient::Options (for quantized gradients).
   static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncodings encoding,
-                                                  const TrainerOptions& trainer, const TokenDataset* data);
+                                                  const TrainerOptions& trainer, const TokenDataset* data,
+                                                  bool error_feedback = true);
 
   /// The gradient of trainer `rank`'s micro-batch `micro` at `step` with the
   /// current weights as the wire delivers them (padded per unit; not rounded
@@ -36,7 +39,9 @@ class ReferenceTraining {
 
  private:
   ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding, TrainerOptions trainer,
-                    const TokenDataset* data, CpuGpt<float> model);
+                    const TokenDataset* data, CpuGpt<float> model, bool error_feedback);
+  /// `values` (a padded unit) as the wire delivers it in `format`, slice by slice.
+  void RoundTripBySlice(const WireFormat& format, size_t unit, std::vector<float>& values) const;
 
   JobConfig job_;
   JobLayout layout_;
@@ -44,7 +49,9 @@ class ReferenceTraining {
   TrainerOptions trainer_;
   const TokenDataset* data_;
   CpuGpt<float> model_;
+  bool error_feedback_;
   std::vector<std::vector<float>> master_, m_, v_;  // padded per unit
+  std::vector<std::vector<std::vector<float>>> residual_;  // [rank][unit], padded
   int64_t applied_ = 0;
   int64_t skipped_ = 0;
 };
@@ -52,7 +59,8 @@ class ReferenceTraining {
 /// Master weights after unsharded training of steps 0..steps-1.
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
-                                                              const TokenDataset& data, int64_t steps);
+                                                              const TokenDataset& data, int64_t steps,
+                                                              bool error_feedback = true);
 
 /// True when both hold the same units with the same bits (and are not empty).
 bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b);

@@ -23,7 +23,7 @@ using TransferDone = std::function<void(absl::Status status, int64_t wire_bytes)
 struct FetchArgs {
   int unit = 0;
   int64_t version = 0;
-  WireEncoding encoding = WireEncoding::kFp32;
+  WireFormat format;
   int trainer = 0;    ///< the fetching trainer's rank (-1: a tool)
   SliceRange slice;   ///< this server's slice of the unit
 };
@@ -31,11 +31,14 @@ struct FetchArgs {
 struct PushArgs {
   int unit = 0;
   int64_t step = 0;
-  WireEncoding encoding = WireEncoding::kFp32;
+  WireFormat format;
   int first_rank = 0;  ///< trainers [first_rank, first_rank + rank_count) summed in
   int rank_count = 1;
   int micro_batch = 0;
   SliceRange slice;    ///< this server's slice of the unit
+  /// The slice held an infinity or a NaN that `format` cannot carry
+  /// (quantized): it is sent as zero blocks, flagged non-finite.
+  bool non_finite = false;
 };
 
 /// Thread-safe; transfers may overlap.

@@ -157,9 +157,15 @@ TEST(ChunkFrameTest, SliceOverKeepsItsOwnerUntilGrpcLetsGo) {
 TEST(ChunkFrameTest, DecodesElementsThatStraddlePiecesInOnePass) {
   std::vector<float> values(777);
   for (size_t i = 0; i < values.size(); ++i) values[i] = Bf16ToFloat(FloatToBf16(0.37f * i - 100.0f));
-  for (WireEncoding encoding : {WireEncoding::kFp32, WireEncoding::kBf16}) {
-    std::string bytes(values.size() * BytesPerElement(encoding), '\0');
-    EncodeElements(encoding, values, reinterpret_cast<std::byte*>(bytes.data()));
+  // Blocks of 16 int8 elements (68 bytes) and of 32 int4 ones (20 bytes)
+  // straddle the cuts too.
+  for (const WireFormat& format : {WireFormat(WireEncoding::kFp32), WireFormat(WireEncoding::kBf16),
+                                   WireFormat(WireEncoding::kInt8, 16), WireFormat(WireEncoding::kInt4, 32)}) {
+    SCOPED_TRACE(format.ToString());
+    std::string bytes(format.EncodedBytes(values.size()), '\0');
+    EncodeElements(format, values, reinterpret_cast<std::byte*>(bytes.data()));
+    std::vector<float> expected = values;
+    RoundTripInPlace(format, expected);
     const uint32_t expected_crc = Crc32c(bytes.data(), bytes.size(), 0);
     v1::FetchChunk chunk;
     chunk.set_data(bytes);
@@ -169,8 +175,8 @@ TEST(ChunkFrameTest, DecodesElementsThatStraddlePiecesInOnePass) {
       ASSERT_TRUE(ParseFrame(Cut(chunk.SerializeAsString(), cuts), kFetchChunkDataField, &header, &data).ok());
       ASSERT_GT(data.pieces.size(), cuts.empty() ? 0u : 2u);
       std::vector<float> out(values.size(), -1.0f);
-      EXPECT_EQ(DecodeFrameData(encoding, data, out.data(), 0), expected_crc);
-      EXPECT_EQ(out, values);
+      EXPECT_EQ(DecodeFrameData(format, data, out, 0), expected_crc);
+      EXPECT_EQ(out, expected);
     }
   }
 }

@@ -20,7 +20,7 @@ std::vector<float> Values(size_t n, float scale) {
 TEST(PublishedSliceTest, TheFp32ViewIsTheMastersOwnBytes) {
   auto master = std::make_shared<std::vector<float>>(Values(1000, 0.5f));
   std::shared_ptr<PublishedSlice> p = PublishedSlice::OfMaster(master);
-  EXPECT_EQ(p->encoding(), WireEncoding::kFp32);
+  EXPECT_EQ(p->format(), WireFormat(WireEncoding::kFp32));
   EXPECT_EQ(p->elements(), 1000);
   EXPECT_EQ(static_cast<const void*>(p->bytes().data()), static_cast<const void*>(master->data()));
   EXPECT_EQ(p->bytes().size(), 4000u);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/checksum.h"
@@ -26,16 +27,16 @@ std::string MethodName(const char* method) {
 class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   FetchPart(grpc::GenericStub* stub, float* dest, TransferDone done, int shard, std::string address,
-            const SliceRange& slice, int unit, int64_t version, WireEncoding encoding, int trainer,
+            const SliceRange& slice, int unit, int64_t version, const WireFormat& format, int trainer,
             absl::Duration timeout, EmulatedLink* up, EmulatedLink* down, DeadlineTimer* timer)
       : dest_(dest), done_(std::move(done)), shard_(shard), address_(std::move(address)), slice_(slice),
-        unit_(unit), version_(version), encoding_(encoding), width_(BytesPerElement(encoding)), down_(down),
-        timer_(timer) {
+        unit_(unit), version_(version), format_(format), down_(down), timer_(timer) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::FetchRequest request;
     request.set_unit(unit);
     request.set_version(version);
-    request.set_encoding(EncodingToProto(encoding));
+    request.set_encoding(EncodingToProto(format.encoding()));
+    request.set_quant_block(format.block());
     request.set_trainer_rank(trainer);
     request_ = SerializeMessage(request);
     request_arrival_ = up->Admit(static_cast<int64_t>(request_.Length()));
@@ -109,12 +110,13 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       }
       expected_crc_ = chunk.checksum();
     }
-    const int64_t count = static_cast<int64_t>(data.size / width_);
-    if (chunk.offset() != received_ || data.size % width_ != 0 || received_ + count > slice_.length) {
-      return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk.offset()));
+    const std::optional<size_t> count = format_.ElementsIn(data.size, static_cast<size_t>(slice_.length - received_));
+    if (chunk.offset() != received_ || !count) {
+      return absl::DataLossError(absl::StrCat("malformed chunk at element ", chunk.offset(), " (", data.size,
+                                              " bytes of ", format_.ToString(), ")"));
     }
-    crc_ = DecodeFrameData(encoding_, data, dest_ + received_, crc_);
-    received_ += count;
+    crc_ = DecodeFrameData(format_, data, std::span<float>(dest_ + received_, *count), crc_);
+    received_ += static_cast<int64_t>(*count);
     wire_bytes_ += static_cast<int64_t>(frame_.Length());
     return absl::OkStatus();
   }
@@ -126,8 +128,7 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   const SliceRange slice_;
   const int unit_;
   const int64_t version_;
-  const WireEncoding encoding_;
-  const size_t width_;
+  const WireFormat format_;
   EmulatedLink* const down_;
   DeadlineTimer* const timer_;
   absl::Time request_arrival_;
@@ -148,21 +149,22 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PushPart(grpc::GenericStub* stub, TransferDone done, std::shared_ptr<const std::vector<float>> grads, int shard,
-           std::string address, const SliceRange& slice, int unit, int64_t step, WireEncoding encoding,
-           int trainer, int64_t chunk_bytes, absl::Duration timeout, EmulatedLink* up, EmulatedLink* down,
-           DeadlineTimer* timer, int micro_batch, int rank_count)
+           std::string address, const PushArgs& args, int64_t chunk_bytes, absl::Duration timeout,
+           EmulatedLink* up, EmulatedLink* down, DeadlineTimer* timer)
       : done_(std::move(done)), grads_(std::move(grads)), shard_(shard),
-        address_(std::move(address)), slice_(slice), unit_(unit), step_(step), encoding_(encoding),
+        address_(std::move(address)), slice_(args.slice), unit_(args.unit), step_(args.step), format_(args.format),
         up_(up), down_(down), timer_(timer),
-        chunk_elements_(std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(BytesPerElement(encoding)))) {
+        chunk_elements_(static_cast<int64_t>(args.format.ElementsPerPiece(static_cast<size_t>(chunk_bytes)))) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    header_.set_trainer_rank(trainer);
-    header_.set_step(step);
-    header_.set_unit(unit);
-    header_.set_encoding(EncodingToProto(encoding));
-    header_.set_slice_length(slice.length);
-    header_.set_micro_batch(micro_batch);
-    header_.set_rank_count(rank_count);
+    header_.set_trainer_rank(args.first_rank);
+    header_.set_step(args.step);
+    header_.set_unit(args.unit);
+    header_.set_encoding(EncodingToProto(args.format.encoding()));
+    header_.set_quant_block(args.format.block());
+    header_.set_non_finite(args.non_finite);
+    header_.set_slice_length(args.slice.length);
+    header_.set_micro_batch(args.micro_batch);
+    header_.set_rank_count(args.rank_count);
     stub->PrepareBidiStreamingCall(&ctx_, MethodName("Push"), grpc::StubOptions(), this);
     StartRead(&response_frame_);
     WriteNext();
@@ -210,11 +212,12 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     const int64_t count = std::min(chunk_elements_, slice_.length - offset_);
     const std::span<const float> values(grads_->data() + slice_.begin + offset_, count);
     grpc::Slice data;
-    if (encoding_ == WireEncoding::kFp32) {
+    if (format_.encoding() == WireEncoding::kFp32) {
       data = SliceOver(std::as_bytes(values), grads_);
     } else {
-      data = grpc::Slice(count * BytesPerElement(encoding_));
-      EncodeElements(encoding_, values, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(data.begin())));
+      // The chunk starts on a block boundary: its blocks are the slice's.
+      data = grpc::Slice(format_.EncodedBytes(static_cast<size_t>(count)));
+      EncodeElements(format_, values, reinterpret_cast<std::byte*>(const_cast<uint8_t*>(data.begin())));
     }
     header_.set_chunk_index(index_++);
     header_.set_offset(offset_);
@@ -238,7 +241,7 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   const SliceRange slice_;
   const int unit_;
   const int64_t step_;
-  const WireEncoding encoding_;
+  const WireFormat format_;
   EmulatedLink* const up_;
   EmulatedLink* const down_;
   DeadlineTimer* const timer_;
@@ -264,13 +267,12 @@ GrpcTransport::GrpcTransport(Spec spec)
 
 void GrpcTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
   new FetchPart(&generic_, dest, std::move(done), spec_.shard, spec_.address, args.slice, args.unit, args.version,
-                args.encoding, args.trainer, spec_.rpc_timeout, &up_, &down_, spec_.timer);
+                args.format, args.trainer, spec_.rpc_timeout, &up_, &down_, spec_.timer);
 }
 
 void GrpcTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {
-  new PushPart(&generic_, std::move(done), std::move(grads), spec_.shard, spec_.address, args.slice, args.unit,
-               args.step, args.encoding, args.first_rank, spec_.chunk_bytes, spec_.rpc_timeout, &up_, &down_,
-               spec_.timer, args.micro_batch, args.rank_count);
+  new PushPart(&generic_, std::move(done), std::move(grads), spec_.shard, spec_.address, args, spec_.chunk_bytes,
+               spec_.rpc_timeout, &up_, &down_, spec_.timer);
 }
 
 }  // namespace pshard

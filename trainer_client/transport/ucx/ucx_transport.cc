@@ -36,6 +36,7 @@ struct UcxContext::Op {
   bool receiving = false;  // rendezvous data is being written
   bool expired = false;    // the deadline passed while receiving
   uint32_t checksum = 0;
+  std::vector<std::byte> staging;  // rendezvous bytes that do not fit in dest (tiny quantized slices)
   // push: the slice goes from the gradient itself (fp32) or from `encoded`
   ucx::PushHeader push;
   std::shared_ptr<const std::vector<float>> grads;
@@ -50,15 +51,15 @@ struct UcxContext::Op {
     done(std::move(status), wire_bytes);
   }
   // Verifies and decodes the slice, in one pass, from `bytes` (a received
-  // eager message; null when rendezvous put it in dest's tail, or in dest
-  // itself for fp32), and ends the fetch.
+  // eager message, or `staging`; null when rendezvous put it in dest's
+  // tail, or in dest itself for fp32), and ends the fetch.
   void FinishFetch(const void* bytes) {
     if (expired) return Finish(absl::DeadlineExceededError(absl::StrCat(
                          "no reply over UCX within ", absl::FormatDuration(timeout))));
     const std::span<float> slice(dest, fetch_args.slice.length);
     const uint32_t crc =
-        bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.encoding, slice, 0)
-                         : DecodeAndChecksum(fetch_args.encoding, static_cast<const std::byte*>(bytes), slice, 0);
+        bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.format, slice, 0)
+                         : DecodeAndChecksum(fetch_args.format, static_cast<const std::byte*>(bytes), slice, 0);
     if (crc != checksum) {
       return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
     }
@@ -131,7 +132,9 @@ void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, 
   if (status != UCS_OK) {
     op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
   } else {
-    self->verifier_.Post([op = std::move(*holder)] { op->FinishFetch(nullptr); });
+    self->verifier_.Post([op = std::move(*holder)] {
+      op->FinishFetch(op->staging.empty() ? nullptr : op->staging.data());
+    });
   }
   self->StartReceives();
 }
@@ -188,7 +191,7 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
         "server sent slice of ", reply.slice_length, " elements at version ", reply.version, "; expected ",
         args.slice.length, " at version ", args.version)));
   }
-  const size_t expected = static_cast<size_t>(args.slice.length) * BytesPerElement(args.encoding);
+  const size_t expected = args.format.EncodedBytes(static_cast<size_t>(args.slice.length));
   if (length != expected) {
     return refuse(absl::DataLossError(absl::StrCat("reply carries ", length, " bytes; expected ", expected)));
   }
@@ -203,7 +206,13 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
   // (and verified on the verifier thread) while the next is still moving;
   // started all at once, they would all finish together and leave their
   // verification as a tail after the last byte.
-  void* target = reinterpret_cast<std::byte*>(op->dest) + args.slice.length * sizeof(float) - length;
+  void* target = nullptr;
+  if (FitsInFloats(args.format, static_cast<size_t>(args.slice.length))) {
+    target = reinterpret_cast<std::byte*>(op->dest) + args.slice.length * sizeof(float) - length;
+  } else {
+    op->staging.resize(length);
+    target = op->staging.data();
+  }
   op->receiving = true;
   self->pending_[op->id] = op;  // until the data is in (a deadline then only marks it)
   Arrived arrived{std::move(op), data, target, length};
@@ -271,7 +280,8 @@ void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) 
   op->fetch_args = args;
   op->dest = dest;
   op->fetch = ucx::FetchHeader{spec_.session_token, op->id, args.version, absl::ToInt64Milliseconds(spec_.rpc_timeout),
-                               args.unit, static_cast<int32_t>(EncodingToProto(args.encoding))};
+                               args.unit, static_cast<int32_t>(EncodingToProto(args.format.encoding())),
+                               args.format.block()};
   StartOp(std::move(op));
 }
 
@@ -283,13 +293,13 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
   op->what = absl::StrCat("push of unit ", args.unit, " step ", args.step, " to ", Where(spec_.shard, spec_.address));
   op->done = std::move(done);
   const std::span<const float> values(grads->data() + args.slice.begin, args.slice.length);
-  op->payload_length = values.size() * BytesPerElement(args.encoding);
-  if (args.encoding == WireEncoding::kFp32) {
+  op->payload_length = args.format.EncodedBytes(values.size());
+  if (args.format.encoding() == WireEncoding::kFp32) {
     op->payload = values.data();
     op->grads = std::move(grads);  // held until the server has the bytes
   } else {
     op->encoded.reset(new std::byte[op->payload_length]);
-    EncodeElements(args.encoding, values, op->encoded.get());
+    EncodeElements(args.format, values, op->encoded.get());
     op->payload = op->encoded.get();
   }
   op->push.token = spec_.session_token;
@@ -300,7 +310,9 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
   op->push.rank_count = args.rank_count;
   op->push.micro_batch = args.micro_batch;
   op->push.unit = args.unit;
-  op->push.encoding = static_cast<int32_t>(EncodingToProto(args.encoding));
+  op->push.encoding = static_cast<int32_t>(EncodingToProto(args.format.encoding()));
+  op->push.quant_block = args.format.block();
+  op->push.non_finite = args.non_finite ? 1 : 0;
   StartOp(std::move(op));
 }
 
