@@ -120,11 +120,10 @@ absl::StatusOr<WireFormat> FormatFromProto(v1::Encoding encoding, int64_t quant_
 }
 
 absl::StatusOr<WireFormat> WeightFormatFromProto(v1::Encoding encoding, int64_t quant_block) {
-  ASSIGN_OR_RETURN(const WireFormat format, FormatFromProto(encoding, quant_block));
-  if (format.encoding() == WireEncoding::kInt4) {
+  if (encoding == v1::ENCODING_INT4) {
     return absl::InvalidArgumentError("weights travel as fp32, bf16 or int8; int4 is for gradients only");
   }
-  return format;
+  return FormatFromProto(encoding, quant_block);
 }
 
 }  // namespace pshard

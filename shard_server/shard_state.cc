@@ -232,6 +232,24 @@ absl::Status ShardState::CheckPush(const ContributionId& id) const {
   return absl::OkStatus();
 }
 
+void ShardState::DeclareGradientFormat(int rank, std::optional<WireFormat> format) {
+  absl::MutexLock lock(&declared_mu_);
+  if (format) {
+    declared_grads_.insert_or_assign(rank, *format);
+  } else {
+    declared_grads_.erase(rank);
+  }
+}
+
+absl::Status ShardState::CheckPushFormat(const ContributionId& id, const WireFormat& format) const {
+  absl::MutexLock lock(&declared_mu_);
+  auto it = declared_grads_.find(id.trainer);
+  if (it == declared_grads_.end() || it->second == format) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "trainer ", id.trainer, " joined pushing ", it->second.ToString(), " gradients; this push of unit ", id.unit,
+      " is ", format.ToString(), " (restart the trainer to change its --grad_encoding or --quant_block)"));
+}
+
 absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id, ReductionValues values,
                                                        bool reported_non_finite) {
   RETURN_IF_ERROR(CheckPush(id));

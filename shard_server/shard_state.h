@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +111,12 @@ class ShardState {
   // ---- push side ----
   /// Validates a push's identity before any data is read.
   absl::Status CheckPush(const ContributionId& id) const;
+  /// Records how trainer `rank` said at its join that it pushes gradients
+  /// (nullopt: it did not say; any format is then taken).
+  void DeclareGradientFormat(int rank, std::optional<WireFormat> format);
+  /// FailedPrecondition when the contribution's first rank declared another
+  /// gradient format than `format`.
+  absl::Status CheckPushFormat(const ContributionId& id, const WireFormat& format) const;
   /// Adds one complete gradient slice to the step's reduction, exactly once
   /// per contribution: a repeat is a duplicate, a partial overlap with what
   /// arrived is refused. A slice may stay in its wire encoding until it is
@@ -176,6 +184,8 @@ class ShardState {
   std::vector<std::unique_ptr<UnitState>> units_;
   /// Formats besides fp32 that fetches have asked for: published for every version.
   std::vector<WireFormat> FormatsInUse() const;
+  mutable absl::Mutex declared_mu_;
+  std::map<int, WireFormat> declared_grads_ ABSL_GUARDED_BY(declared_mu_);  // by rank
   mutable absl::Mutex formats_mu_;
   std::vector<WireFormat> formats_ ABSL_GUARDED_BY(formats_mu_);
 

@@ -102,6 +102,10 @@ absl::StatusOr<std::vector<v1::JoinResponse>> JoinServers(const JoinSpec& spec) 
       v1::JoinRequest request;
       request.set_trainer_rank(spec.trainer_rank);
       request.set_metrics_address(spec.metrics_address);
+      if (spec.grad_format) {
+        request.set_grad_encoding(EncodingToProto(spec.grad_format->encoding()));
+        request.set_quant_block(spec.grad_format->block());
+      }
       v1::JoinResponse response;
       const grpc::Status s = spec.stubs[i]->Join(&ctx, request, &response);
       if (s.ok()) {

@@ -8,6 +8,7 @@
 #define PSHARD_TRAINER_CLIENT_JOIN_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/status.h"
+#include "common/wire_encoding.h"
 #include "proto/shard.grpc.pb.h"
 
 namespace pshard {
@@ -26,6 +28,8 @@ struct JoinSpec {
   std::vector<std::string> addresses;
   int trainer_rank = 0;
   std::string metrics_address;
+  /// How the trainer pushes gradients (unset: a tool that does not push).
+  std::optional<WireFormat> grad_format;
   /// The whole join gives up after this.
   absl::Duration timeout = absl::Seconds(60);
   /// A server name that has not resolved for this long is an error (a

@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   join.addresses = options.server_addresses;
   join.trainer_rank = options.trainer_rank;
   join.metrics_address = options.metrics_address;
+  if (options.trainer_rank >= 0) join.grad_format = options.encodings.grad_format();
   join.timeout = options.join_timeout;
   join.resolve_grace = options.join_resolve_grace;
   join.log_every = options.join_log_every;

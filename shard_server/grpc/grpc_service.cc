@@ -137,6 +137,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       if (!format.ok()) return format.status();
       format_ = *format;
       if (absl::Status s = state_->CheckPush(Identity()); !s.ok()) return s;
+      if (absl::Status s = state_->CheckPushFormat(Identity(), format_); !s.ok()) return s;
       const int64_t expected = state_->slice_length(chunk_.unit());
       if (chunk_.slice_length() != expected) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -275,9 +276,20 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
                     absl::StrCat("trainer rank ", rank, " is outside [0, ", state_->job().num_trainers, ")")));
     return reactor;
   }
+  std::optional<WireFormat> grads;
+  if (request->grad_encoding() != v1::ENCODING_UNSPECIFIED) {
+    absl::StatusOr<WireFormat> format = FormatFromProto(request->grad_encoding(), request->quant_block());
+    if (!format.ok()) {
+      FinishUnary(reactor, RpcMethod::kJoin, start,
+                  absl::InvalidArgumentError(absl::StrCat("gradient encoding: ", format.status().message())));
+      return reactor;
+    }
+    grads = *format;
+  }
   if (rank >= 0) {
     absl::MutexLock lock(&joined_mu_);
     joined_[rank] = request->metrics_address();
+    state_->DeclareGradientFormat(rank, grads);
   }
   *response->mutable_job() = JobToProto(state_->job());
   response->set_shard_index(state_->shard_index());

@@ -161,6 +161,7 @@ absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length
   ASSIGN_OR_RETURN(*format, FormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
   RETURN_IF_ERROR(state->CheckPush(id));
+  RETURN_IF_ERROR(state->CheckPushFormat(id, *format));
   const int64_t expected = state->slice_length(h.unit);
   if (h.slice_length != expected) {
     return absl::InvalidArgumentError(absl::StrCat("wrong length: push of unit ", h.unit, " declares ",

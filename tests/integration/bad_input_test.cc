@@ -3,6 +3,7 @@
 // status that says what is wrong, changes nothing on the server, and the job
 // then trains on to the same weights as unsharded training.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -20,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
@@ -44,25 +46,36 @@ JobConfig TinyJob() { return TinyGptJob(kShards, kTrainers, 5); }
 TrainerOptions TinyTrainer() { return TinyTrainerOptions(7); }
 
 
-// The chunks of one fp32 gradient slice as a well-behaved client sends them.
-std::vector<v1::PushChunk> SliceChunks(int rank, int64_t step, int unit, std::span<const float> slice) {
+// Quantized pushes by hand: blocks of 80, three to a chunk, so that the
+// slices (multiples of 64 elements) end in a short block.
+constexpr int kBlock = 80;
+
+// The chunks of one gradient slice as a well-behaved client sends them (fp32
+// unless `format` says otherwise).
+std::vector<v1::PushChunk> SliceChunks(int rank, int64_t step, int unit, std::span<const float> slice,
+                                       const WireFormat& format = WireFormat(WireEncoding::kFp32)) {
   std::vector<v1::PushChunk> chunks;
   const int64_t n = static_cast<int64_t>(slice.size());
+  bool finite = true;
+  for (float x : slice) finite = finite && std::isfinite(x);
+  const int64_t per_chunk = kChunkElements / static_cast<int64_t>(format.GrainElements()) *
+                            static_cast<int64_t>(format.GrainElements());
   int index = 0;
-  for (int64_t offset = 0; offset < n || index == 0; offset += kChunkElements, ++index) {
-    const int64_t count = std::min(kChunkElements, n - offset);
+  for (int64_t offset = 0; offset < n || index == 0; offset += per_chunk, ++index) {
+    const int64_t count = std::min(per_chunk, n - offset);
     v1::PushChunk c;
     c.set_trainer_rank(rank);
     c.set_step(step);
     c.set_unit(unit);
-    c.set_encoding(v1::ENCODING_FP32);
+    c.set_encoding(EncodingToProto(format.encoding()));
+    c.set_quant_block(format.block());
+    c.set_non_finite(format.quantized() && !finite);
     c.set_chunk_index(index);
     c.set_offset(offset);
     c.set_slice_length(n);
     std::string* data = c.mutable_data();
-    data->resize(count * sizeof(float));
-    EncodeElements(WireEncoding::kFp32, slice.subspan(offset, count),
-                   reinterpret_cast<std::byte*>(data->data()));
+    data->resize(format.EncodedBytes(count));
+    EncodeElements(format, slice.subspan(offset, count), reinterpret_cast<std::byte*>(data->data()));
     chunks.push_back(std::move(c));
   }
   return chunks;
@@ -349,7 +362,7 @@ TEST_F(BadInputTest, ChunksThatDoNotCoverTheSliceAreRefused) {
     std::vector<v1::PushChunk> chunks = SliceChunks(1, 0, unit, slice);
     chunks[1].set_offset(chunks[1].offset() + 1);
     const PushResult r = RawPush(stub(shard), chunks);
-    EXPECT_STATUS(r.status, INVALID_ARGUMENT, "wrong length");
+    EXPECT_STATUS(r.status, INVALID_ARGUMENT, "wrong offset");
   }
   {
     // A stream with no chunk at all.
@@ -587,6 +600,95 @@ TEST_F(BadInputTest, BadEncodingIsRefused) {
   }
   ExpectUnchanged(before);
   CompleteStep(0);
+}
+
+TEST_F(BadInputTest, QuantizedPushesWithBadBlocksOrScalesAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  // Rank 0 joins again, saying it pushes int8 gradients in blocks of 80.
+  auto int8_client = cluster_->Connect(0, WireEncodings(WireEncoding::kFp32, WireEncoding::kInt8, kBlock));
+  ASSERT_TRUE(int8_client.ok()) << int8_client.status();
+  const WireFormat int8(WireEncoding::kInt8, kBlock);
+  const Snapshot before = TakeSnapshot();
+  const int unit = 0;
+  const int shard = 1;
+  const std::vector<float> slice = ReferenceSlice(0, 0, unit, shard);
+  ASSERT_GT(slice.size(), 2u * kChunkElements);
+  ASSERT_NE(slice.size() % kBlock, 0u) << "the slice should end in a short block";
+  {
+    // A chunk that is not whole blocks: three bytes of a block cut off.
+    std::vector<v1::PushChunk> chunks = SliceChunks(0, 0, unit, slice, int8);
+    chunks[1].mutable_data()->resize(chunks[1].data().size() - 3);
+    EXPECT_STATUS(RawPush(stub(shard), chunks).status, INVALID_ARGUMENT, "neither whole blocks");
+  }
+  {
+    // The last chunk's short block one element too long.
+    std::vector<v1::PushChunk> chunks = SliceChunks(0, 0, unit, slice, int8);
+    chunks.back().mutable_data()->push_back('\0');
+    EXPECT_STATUS(RawPush(stub(shard), chunks).status, INVALID_ARGUMENT, "wrong length");
+  }
+  {
+    // Block sizes that are not block sizes.
+    for (int block : {0, 10, 100000}) {
+      std::vector<v1::PushChunk> chunks = SliceChunks(0, 0, unit, slice, int8);
+      for (v1::PushChunk& c : chunks) c.set_quant_block(block);
+      EXPECT_STATUS(RawPush(stub(shard), chunks).status, INVALID_ARGUMENT, "quantization block");
+    }
+  }
+  {
+    // Scales that are not finite, or negative, anywhere in the slice.
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), -1.0f}) {
+      std::vector<v1::PushChunk> chunks = SliceChunks(0, 0, unit, slice, int8);
+      std::memcpy(chunks.back().mutable_data()->data(), &bad, sizeof(bad));  // the last chunk's first block
+      const PushResult r = RawPush(stub(shard), chunks);
+      EXPECT_STATUS(r.status, INVALID_ARGUMENT, "bad scale");
+      EXPECT_THAT(r.status.error_message(), HasSubstr("nothing applied"));
+    }
+  }
+  {
+    // Encodings rank 0 did not join with: int4, another block size, fp32.
+    for (const WireFormat& other : {WireFormat(WireEncoding::kInt4, kBlock), WireFormat(WireEncoding::kInt8, 128),
+                                    WireFormat(WireEncoding::kFp32)}) {
+      const PushResult r = RawPush(stub(shard), SliceChunks(0, 0, unit, slice, other));
+      EXPECT_STATUS(r.status, FAILED_PRECONDITION, "joined pushing int8 (blocks of 80) gradients");
+    }
+  }
+  // Weights never travel as int4.
+  EXPECT_STATUS(RawFetch(stub(shard), unit, 0, v1::ENCODING_INT4), INVALID_ARGUMENT, "int4 is for gradients");
+  ExpectUnchanged(before);
+  // A well-formed int8 push is then taken: the refused ones left nothing
+  // behind (it is no duplicate, no partial overlap).
+  const PushResult ok = RawPush(stub(shard), SliceChunks(0, 0, unit, slice, int8));
+  ASSERT_TRUE(ok.status.ok()) << ok.status.error_message();
+  EXPECT_EQ(ok.response.disposition(), v1::PushResponse::ACCEPTED) << ok.response.detail();
+}
+
+TEST_F(BadInputTest, AQuantizedPushFlaggedNonFiniteSkipsTheStep) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  auto int4_client = cluster_->Connect(0, WireEncodings(WireEncoding::kFp32, WireEncoding::kInt4, kBlock));
+  ASSERT_TRUE(int4_client.ok()) << int4_client.status();
+  const Snapshot initial = TakeSnapshot();
+  const int unit = 1;
+  const int shard = 0;
+  std::vector<float> slice = ReferenceSlice(0, 0, unit, shard);
+  slice[5] = std::numeric_limits<float>::infinity();
+  const std::vector<v1::PushChunk> chunks = SliceChunks(0, 0, unit, slice, WireFormat(WireEncoding::kInt4, kBlock));
+  ASSERT_TRUE(chunks[0].non_finite());
+  const PushResult r = RawPush(stub(shard), chunks);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.response.disposition(), v1::PushResponse::ACCEPTED_NON_FINITE);
+  pushed_.insert({0, unit, shard});
+  // Rank 0 pushes fp32 again for the rest of the step.
+  auto fp32_client = cluster_->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(fp32_client.ok()) << fp32_client.status();
+  ASSERT_NO_FATAL_FAILURE(FinishStepByHand(0));
+  for (int s = 0; s < kShards; ++s) {
+    const v1::StatusResponse status = GetStatus(s);
+    EXPECT_EQ(status.current_step(), 1) << "shard " << s;
+    EXPECT_EQ(status.skipped_steps(), 1) << "shard " << s;
+  }
+  auto weights = cluster_->ReadMasterWeights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(BitIdentical(*weights, initial.weights)) << "a skipped step changed the weights";
 }
 
 TEST_F(BadInputTest, ChunksOutOfOrderAreRefused) {
