@@ -35,6 +35,7 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
   log_->busy.Add(t->started(), t->finished());
   log_->fetch_latencies.push_back(t->finished() - t->started());
   log_->bytes_fetched += t->wire_bytes();
+  log_->payload_fetched += t->payload_bytes();
   if (s.ok() && group_ != nullptr) {
     const absl::Time gather_start = absl::Now();
     s = group_->AllGather(t->values(), ShardOwnership(client_->layout().partitions[schedule_[i]], group_->size()));

@@ -22,6 +22,8 @@ struct TransferLog {
   std::vector<absl::Duration> push_latencies;
   int64_t bytes_fetched = 0;
   int64_t bytes_pushed = 0;
+  int64_t payload_fetched = 0;  ///< UnitTransfer::payload_bytes
+  int64_t payload_pushed = 0;
 };
 
 /// Not thread-safe. With a fabric group, each member fetches only its

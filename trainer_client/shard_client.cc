@@ -79,8 +79,14 @@ int64_t UnitTransfer::wire_bytes() const {
   return wire_bytes_;
 }
 
-void UnitTransfer::PartDone(absl::Status status, int64_t wire_bytes) {
+int64_t UnitTransfer::payload_bytes() const {
   absl::MutexLock lock(&mu_);
+  return payload_bytes_;
+}
+
+void UnitTransfer::PartDone(absl::Status status, int64_t wire_bytes, int64_t payload_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (status.ok()) payload_bytes_ += payload_bytes;
   if (status_.ok() && !status.ok()) status_ = std::move(status);
   wire_bytes_ += wire_bytes;
   if (--remaining_ == 0) finished_ = absl::Now();
@@ -321,9 +327,10 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
   for (int s : targets) {
     const SliceRange slice = p.Slice(s);
     FetchArgs args{unit, version, options_.encodings.weight_format(), options_.trainer_rank, slice};
+    const auto payload = static_cast<int64_t>(args.format.EncodedBytes(static_cast<size_t>(slice.length)));
     shards_[s]->transport->Fetch(args, transfer->values_.data() + slice.begin,
-                                 [transfer](absl::Status status, int64_t bytes) {
-                                   transfer->PartDone(std::move(status), bytes);
+                                 [transfer, payload](absl::Status status, int64_t bytes) {
+                                   transfer->PartDone(std::move(status), bytes, payload);
                                  });
   }
   return transfer;
@@ -366,8 +373,9 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
     const int s = targets[i];
     PushArgs args{unit, step, format, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
                   push.rank_count, push.micro_batch, p.Slice(s), non_finite[i] != 0};
-    shards_[s]->transport->Push(args, shared, [transfer](absl::Status status, int64_t bytes) {
-      transfer->PartDone(std::move(status), bytes);
+    const auto payload = static_cast<int64_t>(format.EncodedBytes(static_cast<size_t>(args.slice.length)));
+    shards_[s]->transport->Push(args, shared, [transfer, payload](absl::Status status, int64_t bytes) {
+      transfer->PartDone(std::move(status), bytes, payload);
     });
   }
   return transfer;

@@ -57,9 +57,13 @@ class UnitTransfer {
   absl::Time started() const { return started_; }
   absl::Time finished() const;
   int64_t wire_bytes() const;
+  /// The encoded elements (and block scales) of the parts that succeeded,
+  /// without framing: what docs/levers.md's formulas count.
+  int64_t payload_bytes() const;
 
-  // Called by the per-shard reactors.
-  void PartDone(absl::Status status, int64_t wire_bytes);
+  // Called by the per-shard reactors: a part moved `wire_bytes`, of which
+  // `payload_bytes` are its slice's encoding (counted only if it succeeded).
+  void PartDone(absl::Status status, int64_t wire_bytes, int64_t payload_bytes = 0);
 
  private:
   friend class ShardClient;
@@ -67,6 +71,7 @@ class UnitTransfer {
   int remaining_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t wire_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t payload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time finished_ ABSL_GUARDED_BY(mu_);
   const absl::Time started_;
   std::vector<float> values_;

@@ -117,6 +117,7 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   for (auto& p : pushes) {
     log.busy.Add(p->started(), p->finished());
     log.bytes_pushed += p->wire_bytes();
+    log.payload_pushed += p->payload_bytes();
     log.push_latencies.push_back(p->finished() - p->started());
   }
   // The model's copies to and from its device are communication; time spent
@@ -143,6 +144,8 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   report.flops = model_->FlopsPerMicroBatch() * job.micro_batches;
   report.bytes_fetched = log.bytes_fetched;
   report.bytes_pushed = log.bytes_pushed;
+  report.payload_fetched = log.payload_fetched;
+  report.payload_pushed = log.payload_pushed;
   report.fetch_latencies = std::move(log.fetch_latencies);
   report.push_latencies = std::move(log.push_latencies);
   return report;

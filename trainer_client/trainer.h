@@ -68,8 +68,12 @@ struct StepReport {
   double grad_norm = 0.0;
   int64_t tokens = 0;
   double flops = 0.0;      ///< model FLOPs of the step's forward + backward
-  int64_t bytes_fetched = 0;
+  int64_t bytes_fetched = 0;  ///< on the wire, framing included
   int64_t bytes_pushed = 0;
+  /// The encoded slices alone (elements and block scales), as
+  /// docs/levers.md's formulas count them.
+  int64_t payload_fetched = 0;
+  int64_t payload_pushed = 0;
   StepTimes times;
   std::vector<absl::Duration> fetch_latencies;  ///< one per unit fetch
   std::vector<absl::Duration> push_latencies;   ///< one per unit push

@@ -54,6 +54,12 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
                        .Add(With(With(Rank(rank), "direction", "fetch"), "transport", transport))),
       push_bytes_(r.AddCounter("pshard_trainer_transfer_bytes_total", "Bytes moved on the wire by direction.")
                       .Add(With(With(Rank(rank), "direction", "push"), "transport", transport))),
+      fetch_payload_(r.AddCounter("pshard_trainer_payload_bytes_total",
+                                  "Encoded elements and block scales moved by direction, without framing.")
+                         .Add(With(Rank(rank), "direction", "fetch"))),
+      push_payload_(r.AddCounter("pshard_trainer_payload_bytes_total",
+                                 "Encoded elements and block scales moved by direction, without framing.")
+                        .Add(With(Rank(rank), "direction", "push"))),
       step_seconds_(r.AddHistogram("pshard_trainer_step_seconds",
                                    "Wall time of training steps (its _sum is the total the phases add up to, its "
                                    "_count the steps completed).",
@@ -97,6 +103,8 @@ void TrainerMetrics::RecordStep(const StepReport& report) {
   flops_.Increment(report.flops);
   fetch_bytes_.Increment(static_cast<double>(report.bytes_fetched));
   push_bytes_.Increment(static_cast<double>(report.bytes_pushed));
+  fetch_payload_.Increment(static_cast<double>(report.payload_fetched));
+  push_payload_.Increment(static_cast<double>(report.payload_pushed));
   step_seconds_.Observe(wall);
   for (absl::Duration d : report.fetch_latencies) fetch_seconds_.Observe(absl::ToDoubleSeconds(d));
   for (absl::Duration d : report.push_latencies) push_seconds_.Observe(absl::ToDoubleSeconds(d));

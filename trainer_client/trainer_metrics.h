@@ -54,6 +54,8 @@ class TrainerMetrics {
   metrics::Counter& flops_;
   metrics::Counter& fetch_bytes_;
   metrics::Counter& push_bytes_;
+  metrics::Counter& fetch_payload_;
+  metrics::Counter& push_payload_;
   metrics::Histogram& step_seconds_;
   metrics::Histogram& fetch_seconds_;
   metrics::Histogram& push_seconds_;

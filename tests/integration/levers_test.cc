@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,98 @@ TEST_P(ReshardAfterForwardTest, KeepingUnitsFetchesEachOncePerPassAndTrainsTheSa
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, ReshardAfterForwardTest, ::testing::ValuesIn(EnabledTransports()));
+
+// One lever setting, and the payload per step its docs/levers.md formula
+// gives for a job's layout.
+struct LeverCase {
+  std::string name;
+  WireEncodings encodings;
+  bool reshard_after_forward = true;
+  int micro_batches = 1;  ///< K, pushed per micro-batch
+};
+
+// E(n): bytes of a slice of n elements in `format` (docs/levers.md,
+// "Notation"): n·b for fp32 and bf16; for int8 and int4 n (or ⌈·/2⌉ per
+// block) codes plus 4 bytes per block of B.
+int64_t SliceBytes(const WireFormat& format, int64_t n) {
+  switch (format.encoding()) {
+    case WireEncoding::kFp32: return 4 * n;
+    case WireEncoding::kBf16: return 2 * n;
+    case WireEncoding::kInt8: return n + 4 * ((n + format.block() - 1) / format.block());
+    case WireEncoding::kInt4: {
+      const int64_t b = format.block();
+      return (n / b) * (b / 2) + ((n % b) + 1) / 2 + 4 * ((n + b - 1) / b);
+    }
+  }
+  return -1;
+}
+
+// Σ over the unit's N slices of E.
+int64_t UnitBytes(const WireFormat& format, const UnitPartition& p, int shards) {
+  int64_t bytes = 0;
+  for (int s = 0; s < shards; ++s) bytes += SliceBytes(format, p.Slice(s).length);
+  return bytes;
+}
+
+std::string LeverName(const ::testing::TestParamInfo<std::tuple<std::string, LeverCase>>& info) {
+  return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param).name);
+}
+
+class LeverBytesTest : public ::testing::TestWithParam<std::tuple<std::string, LeverCase>> {};
+
+// Per step: weights fetched P · Σ_u c_u · E_w(u), with c_u = 2 for every
+// unit but the last under stage 3 and 1 when units are kept from forward;
+// gradients pushed K · Σ_u E_g(u). Exactly, as the payload metric counts.
+TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
+  const auto& [transport, c] = GetParam();
+  const int shards = 3;
+  JobConfig job = TinyGptJob(shards, 1, kSteps);
+  job.micro_batches = c.micro_batches;
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = (*cluster)->Connect(0, c.encodings, transport);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TrainerOptions options = TinyTrainerOptions(7);
+  options.reshard_after_forward = c.reshard_after_forward;
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+
+  const std::vector<UnitPartition>& units = (*client)->layout().partitions;
+  int64_t fetched = 0, pushed = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t copies = c.reshard_after_forward && u + 1 < units.size() ? 2 : 1;
+    fetched += c.micro_batches * copies * UnitBytes(c.encodings.weight_format(), units[u], shards);
+    pushed += c.micro_batches * UnitBytes(c.encodings.grad_format(), units[u], shards);
+  }
+  for (int64_t step = 0; step < kSteps; ++step) {
+    auto report = (*trainer)->RunStep(step);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->payload_fetched, fetched) << "step " << step;
+    EXPECT_EQ(report->payload_pushed, pushed) << "step " << step;
+    // The wire adds framing to the payload, and only a little.
+    EXPECT_GT(report->bytes_fetched, report->payload_fetched);
+    EXPECT_LT(report->bytes_fetched, report->payload_fetched + 4096 * static_cast<int64_t>(units.size()) * 2);
+  }
+}
+
+std::vector<LeverCase> LeverCases() {
+  constexpr WireEncoding kFp32 = WireEncoding::kFp32, kBf16 = WireEncoding::kBf16, kInt8 = WireEncoding::kInt8,
+                         kInt4 = WireEncoding::kInt4;
+  return {
+      {"stage3_bf16", WireEncoding::kBf16},
+      {"stage3_fp32_weights_bf16_grads", WireEncodings(kFp32, kBf16)},
+      {"stage3_K2", WireEncoding::kBf16, true, 2},
+      {"kept_from_forward", WireEncoding::kBf16, false},
+      {"int8_weights", WireEncodings(kInt8, kBf16, 48)},
+      {"int8_grads", WireEncodings(kBf16, kInt8, 48)},
+      {"int4_grads", WireEncodings(kBf16, kInt4, 48)},
+      {"int8_weights_int4_grads_kept", WireEncodings(kInt8, kInt4, 48), false},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, LeverBytesTest,
+                         ::testing::Combine(::testing::ValuesIn(EnabledTransports()), ::testing::ValuesIn(LeverCases())),
+                         LeverName);
 
 TEST(ReshardAfterForwardFlag, TakesTrueOrFalseAndRefusesTheRest) {
   EXPECT_EQ(ParseReshardAfterForward("true").value(), true);
