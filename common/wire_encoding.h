@@ -27,7 +27,7 @@ enum class WireEncoding { kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4 };
 /// measured choice of bench/README.md ("Quantization block").
 inline constexpr int kMinQuantBlock = 16;
 inline constexpr int kMaxQuantBlock = 16384;
-inline constexpr int kDefaultQuantBlock = 256;
+inline constexpr int kDefaultQuantBlock = 64;
 
 /// True for int8 and int4.
 bool IsQuantized(WireEncoding encoding);

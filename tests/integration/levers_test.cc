@@ -3,6 +3,7 @@
 // formula says.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/reference_training.h"
 #include "tests/testutil/tiny_job.h"
 #include "trainer_client/trainer.h"
 
@@ -169,6 +171,75 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, LeverBytesTest,
                          ::testing::Combine(::testing::ValuesIn(EnabledTransports()), ::testing::ValuesIn(LeverCases())),
                          LeverName);
 
+class ErrorFeedbackRestartTest : public ::testing::TestWithParam<std::string> {};
+
+struct FeedbackRun {
+  std::vector<std::vector<float>> weights;
+  std::vector<double> losses;  // per step
+};
+
+// Trains steps [0, total) with one trainer pushing int4 gradients with error
+// feedback; with `restart_at`, the trainer (and its client) is replaced by a
+// new one before that step, as a restarted process would be.
+absl::StatusOr<FeedbackRun> TrainWithFeedback(const std::string& transport, const JobConfig& job,
+                                              const WireEncodings& encodings, int64_t total,
+                                              std::optional<int64_t> restart_at) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalCluster> cluster, LocalCluster::Start(job));
+  ASSIGN_OR_RETURN(std::unique_ptr<ShardClient> client, cluster->Connect(0, encodings, transport));
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(client.get(), &TestCorpus(), TinyTrainerOptions(7)));
+  FeedbackRun run;
+  for (int64_t step = 0; step < total; ++step) {
+    if (restart_at && step == *restart_at) {
+      if (client->residual_bytes() == 0) return absl::InternalError("the first trainer kept no residual");
+      trainer.reset();
+      client.reset();
+      ASSIGN_OR_RETURN(client, cluster->Connect(0, encodings, transport));
+      if (client->residual_bytes() != 0) return absl::InternalError("a new trainer starts with a residual");
+      ASSIGN_OR_RETURN(trainer, Trainer::Create(client.get(), &TestCorpus(), TinyTrainerOptions(7)));
+    }
+    ASSIGN_OR_RETURN(StepReport report, trainer->RunStep(step));
+    run.losses.push_back(report.loss);
+  }
+  ASSIGN_OR_RETURN(run.weights, cluster->ReadMasterWeights(total));
+  return run;
+}
+
+double MeanOfLast(const std::vector<double>& v, size_t n) {
+  double sum = 0.0;
+  for (size_t i = v.size() - n; i < v.size(); ++i) sum += v[i];
+  return sum / static_cast<double>(n);
+}
+
+// A restarted trainer starts with a zero residual (docs/levers.md): the job
+// then trains exactly as the reference does when it forgets the residual at
+// that step, and converges as if nothing had happened.
+TEST_P(ErrorFeedbackRestartTest, ARestartedTrainerStartsWithAZeroResidualAndTrainsOn) {
+  constexpr int64_t kTotal = 60, kRestartAt = 30;
+  const JobConfig job = TinyGptJob(2, 1, kTotal);
+  const WireEncodings encodings(WireEncoding::kBf16, WireEncoding::kInt4, 48);
+  absl::StatusOr<FeedbackRun> restarted = TrainWithFeedback(GetParam(), job, encodings, kTotal, kRestartAt);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  absl::StatusOr<FeedbackRun> uninterrupted = TrainWithFeedback(GetParam(), job, encodings, kTotal, std::nullopt);
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+
+  auto reference = ReferenceTraining::Create(job, encodings, TinyTrainerOptions(7), &TestCorpus());
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  for (int64_t step = 0; step < kTotal; ++step) {
+    if (step == kRestartAt) reference->ResetResidual(0);
+    ASSERT_TRUE(reference->Step(step).ok());
+  }
+  EXPECT_TRUE(BitIdentical(restarted->weights, reference->MasterWeights()));
+  EXPECT_FALSE(BitIdentical(restarted->weights, uninterrupted->weights)) << "the residual made no difference";
+
+  const double start = MeanOfLast({uninterrupted->losses.begin(), uninterrupted->losses.begin() + 5}, 5);
+  const double want = MeanOfLast(uninterrupted->losses, 10);
+  const double got = MeanOfLast(restarted->losses, 10);
+  EXPECT_LT(want, start - 0.5) << "the job did not learn";
+  EXPECT_NEAR(got, want, 0.02 * want) << "restarting the trainer changed where training ends";
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, ErrorFeedbackRestartTest, ::testing::ValuesIn(EnabledTransports()));
+
 TEST(ReshardAfterForwardFlag, TakesTrueOrFalseAndRefusesTheRest) {
   EXPECT_EQ(ParseReshardAfterForward("true").value(), true);
   EXPECT_EQ(ParseReshardAfterForward("false").value(), false);
@@ -176,6 +247,18 @@ TEST(ReshardAfterForwardFlag, TakesTrueOrFalseAndRefusesTheRest) {
   EXPECT_NE(std::string(ParseReshardAfterForward("2").status().message()).find("not implemented yet"),
             std::string::npos);
   EXPECT_EQ(ParseReshardAfterForward("yes").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ErrorFeedbackFlag, AutoFollowsTheGradientEncodingAndTrueNeedsAQuantizedOne) {
+  EXPECT_EQ(ParseErrorFeedback("auto", WireEncoding::kInt4).value(), true);
+  EXPECT_EQ(ParseErrorFeedback("auto", WireEncoding::kInt8).value(), true);
+  EXPECT_EQ(ParseErrorFeedback("auto", WireEncoding::kBf16).value(), false);
+  EXPECT_EQ(ParseErrorFeedback("false", WireEncoding::kInt4).value(), false);
+  EXPECT_EQ(ParseErrorFeedback("true", WireEncoding::kInt8).value(), true);
+  const absl::Status bf16 = ParseErrorFeedback("true", WireEncoding::kBf16).status();
+  EXPECT_EQ(bf16.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bf16.message()).find("no quantization residual"), std::string::npos) << bf16;
+  EXPECT_EQ(ParseErrorFeedback("on", WireEncoding::kInt8).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -145,6 +145,10 @@ absl::Status ReferenceTraining::Step(int64_t step) {
   return absl::OkStatus();
 }
 
+void ReferenceTraining::ResetResidual(int rank) {
+  for (auto& r : residual_[rank]) std::fill(r.begin(), r.end(), 0.0f);
+}
+
 std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
   std::vector<std::vector<float>> out;
   for (size_t u = 0; u < master_.size(); ++u) {

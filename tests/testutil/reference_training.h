@@ -33,6 +33,10 @@ class ReferenceTraining {
   /// One optimizer step over all M micro-batches.
   absl::Status Step(int64_t step);
 
+  /// Forgets trainer `rank`'s error-feedback residuals, as a restarted
+  /// trainer does.
+  void ResetResidual(int rank);
+
   /// Master weights per unit, unpadded.
   std::vector<std::vector<float>> MasterWeights() const;
   int64_t skipped_steps() const { return skipped_; }
