@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/reduction_tree.h"
 #include "common/status_macros.h"
 #include "common/optimizer.h"
@@ -11,9 +12,10 @@ namespace pshard::testing {
 
 ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding,
                                      TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model,
-                                     bool error_feedback)
+                                     bool error_feedback, int group_size)
     : job_(std::move(job)), layout_(std::move(layout)), encoding_(encoding), trainer_(trainer),
-      data_(data), model_(std::move(model)), error_feedback_(error_feedback && encoding.grad_format().quantized()) {
+      data_(data), model_(std::move(model)), error_feedback_(error_feedback && encoding.grad_format().quantized()),
+      group_size_(group_size) {
   for (size_t u = 0; u < layout_.spec.units.size(); ++u) {
     const int64_t padded = layout_.partitions[u].padded_numel();
     std::vector<float> w(padded);
@@ -37,10 +39,15 @@ void ReferenceTraining::RoundTripBySlice(const WireFormat& format, size_t unit, 
 
 absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncodings encoding,
                                                             const TrainerOptions& trainer,
-                                                            const TokenDataset* data, bool error_feedback) {
+                                                            const TokenDataset* data, bool error_feedback,
+                                                            int group_size) {
+  if (group_size < 1 || job.num_trainers % group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("group size ", group_size, " does not divide ", job.num_trainers));
+  }
   ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
   ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(layout.spec, trainer.batch, trainer.seq_len));
-  return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model), error_feedback);
+  return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model), error_feedback,
+                           group_size);
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGradient(int64_t step, int rank,
@@ -96,20 +103,30 @@ absl::Status ReferenceTraining::Step(int64_t step) {
       }
       return v;
     };
+    // Each fabric group's members' gradients (each rank alone without
+    // groups), summed in fp32 in the tree's order and pushed once.
+    auto pushed_by_groups = [&](std::vector<std::vector<float>> per_rank) {
+      std::vector<std::vector<float>> per_group;
+      for (int first = 0; first < ranks; first += group_size_) {
+        std::vector<std::vector<float>> members(per_rank.begin() + first, per_rank.begin() + first + group_size_);
+        per_group.push_back(pushed(first, group_size_ == 1 ? std::move(members[0]) : TreeSum(std::move(members))));
+      }
+      return TreeSum(std::move(per_group));
+    };
     if (job_.accumulate_on_trainer) {
       std::vector<std::vector<float>> per_rank;
       for (int r = 0; r < ranks; ++r) {
         std::vector<std::vector<float>> per_micro;
         for (int m = 0; m < micros; ++m) per_micro.push_back(g[m][r][u]);
-        per_rank.push_back(pushed(r, TreeSum(std::move(per_micro))));
+        per_rank.push_back(TreeSum(std::move(per_micro)));
       }
-      sum[u] = TreeSum(std::move(per_rank));
+      sum[u] = pushed_by_groups(std::move(per_rank));
     } else {
       std::vector<std::vector<float>> per_micro;
       for (int m = 0; m < micros; ++m) {
         std::vector<std::vector<float>> per_rank;
-        for (int r = 0; r < ranks; ++r) per_rank.push_back(pushed(r, g[m][r][u]));
-        per_micro.push_back(TreeSum(std::move(per_rank)));
+        for (int r = 0; r < ranks; ++r) per_rank.push_back(g[m][r][u]);
+        per_micro.push_back(pushed_by_groups(std::move(per_rank)));
       }
       sum[u] = TreeSum(std::move(per_micro));
     }
@@ -160,8 +177,9 @@ std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps,
-                                                              bool error_feedback) {
-  ASSIGN_OR_RETURN(ReferenceTraining ref, ReferenceTraining::Create(job, encoding, trainer, &data, error_feedback));
+                                                              bool error_feedback, int group_size) {
+  ASSIGN_OR_RETURN(ReferenceTraining ref,
+                   ReferenceTraining::Create(job, encoding, trainer, &data, error_feedback, group_size));
   for (int64_t step = 0; step < steps; ++step) RETURN_IF_ERROR(ref.Step(step));
   return ref.MasterWeights();
 }

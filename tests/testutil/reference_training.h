@@ -22,9 +22,12 @@ namespace pshard::testing {
 class ReferenceTraining {
  public:
   /// `error_feedback`: as ShardClient::Options (for quantized gradients).
+  /// `group_size` > 1: trainers form fabric groups of consecutive ranks,
+  /// which sum their gradients in fp32 and push each slice once, encoded
+  /// (and carrying its residual) by the one member that owns it.
   static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncodings encoding,
                                                   const TrainerOptions& trainer, const TokenDataset* data,
-                                                  bool error_feedback = true);
+                                                  bool error_feedback = true, int group_size = 1);
 
   /// The gradient of trainer `rank`'s micro-batch `micro` at `step` with the
   /// current weights as the wire delivers them (padded per unit; not rounded
@@ -43,7 +46,7 @@ class ReferenceTraining {
 
  private:
   ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding, TrainerOptions trainer,
-                    const TokenDataset* data, CpuGpt<float> model, bool error_feedback);
+                    const TokenDataset* data, CpuGpt<float> model, bool error_feedback, int group_size);
   /// `values` (a padded unit) as the wire delivers it in `format`, slice by slice.
   void RoundTripBySlice(const WireFormat& format, size_t unit, std::vector<float>& values) const;
 
@@ -54,6 +57,7 @@ class ReferenceTraining {
   const TokenDataset* data_;
   CpuGpt<float> model_;
   bool error_feedback_;
+  int group_size_;
   std::vector<std::vector<float>> master_, m_, v_;  // padded per unit
   std::vector<std::vector<std::vector<float>>> residual_;  // [rank][unit], padded
   int64_t applied_ = 0;
@@ -64,7 +68,7 @@ class ReferenceTraining {
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps,
-                                                              bool error_feedback = true);
+                                                              bool error_feedback = true, int group_size = 1);
 
 /// True when both hold the same units with the same bits (and are not empty).
 bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b);
