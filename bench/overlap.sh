@@ -49,7 +49,7 @@ run() {
   env "$@" "$bin/pshard" local --bin_dir="$bin" --run_dir="$out/$name" --servers=$servers --trainers=1 \
     --metrics_port_base=0 --steps="$steps" --log_every=0 --warmup_steps=2 --device="$device" "${model[@]}" \
     "${extra[@]}" > "$out/$name.log" 2>&1 || { echo "overlap.sh: $name run failed, see $out/$name.log" >&2; exit 1; }
-  sed -nE 's/^  per step: wall ([0-9.]+) ms \| compute ([0-9.]+) ms \| comm busy ([0-9.]+) ms \|.* \| ([0-9.]+) MiB on the wire.*/\1 \2 \3 \4/p' \
+  sed -nE 's/^  per step: wall ([0-9.]+) ms \| compute ([0-9.]+) ms \| comm busy ([0-9.]+) ms \|.* = ([0-9.]+) MiB on the wire.*/\1 \2 \3 \4/p' \
     "$out/$name.log"
 }
 

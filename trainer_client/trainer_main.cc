@@ -288,6 +288,8 @@ int Run() {
                                  model.DeviceName() == "cpu" ? "cpu" : "cuda", peak_flops);
   const pshard::ModelMemory memory = model.Memory();
   metrics.SetModelMemory(memory);
+  const pshard::HostMemory host_memory = pshard::HostMemoryOf(topts, **client);
+  metrics.SetHostMemory(host_memory);
   const pshard::JobConfig& job = (*client)->job();
   metrics.SetSettings(pshard::SettingsOf(topts, **client, model));
   const int rank = copts.trainer_rank;
@@ -298,8 +300,7 @@ int Run() {
     const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
     int64_t kept_weight_bytes = 0;  // fp32 unit buffers, all held at the end of forward without resharding
     for (const pshard::UnitPartition& p : (*client)->layout().partitions) kept_weight_bytes += 4 * p.padded_numel();
-    // Error feedback keeps an fp32 residual of every gradient element it pushes.
-    const int64_t residual_bytes = copts.error_feedback ? kept_weight_bytes : 0;
+    const int64_t residual_bytes = host_memory.residuals;
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
                 "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
@@ -337,7 +338,8 @@ int Run() {
   int64_t done = 0;
   int64_t report_tokens = 0;  // this trainer's tokens per step
   double step_flops = 0.0;    // and model FLOPs
-  int64_t wire_bytes = 0;     // fetched and pushed, all steps
+  int64_t wire_fetched = 0;   // all steps, on the wire to and from the servers
+  int64_t wire_pushed = 0;
   for (int64_t step = first; step < steps && !stop; ++step) {
     absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
     if (!r.ok()) {
@@ -348,7 +350,8 @@ int Run() {
     ++done;
     report_tokens = r->tokens;
     step_flops = r->flops;
-    wire_bytes += r->bytes_fetched + r->bytes_pushed;
+    wire_fetched += r->bytes_fetched;
+    wire_pushed += r->bytes_pushed;
     metrics.RecordStep(*r);
     recent_losses.push_back(r->loss);
     if (recent_losses.size() > 10) recent_losses.pop_front();
@@ -386,18 +389,24 @@ int Run() {
   std::printf("trainer %d summary: %lld steps | final loss %.3f (mean of last %zu steps) | unigram entropy "
               "%.3f nats\n  time: compute %.1f%% | exposed comm %.1f%% | data %.1f%% | other %.1f%% | comm "
               "busy %.1f%% (hidden behind compute: %.1f%%)\n  per step: wall %s | compute %s | comm busy %s | "
-              "exposed comm %s | %.1f MiB on the wire | %.0f tok/s (this trainer)%s\n",
+              "exposed comm %s | fetched %.2f + pushed %.2f = %.2f MiB on the wire | %.0f tok/s (this trainer)%s\n",
               rank, static_cast<long long>(done), final_loss, recent_losses.size(),
               data->UnigramEntropyNats(), pct(total.compute), pct(total.comm_exposed), pct(total.data),
               pct(total.other), pct(total.comm_busy), pct(total.comm_busy - total.comm_exposed),
               per_step(total.wall).c_str(), per_step(total.compute).c_str(), per_step(total.comm_busy).c_str(),
-              per_step(total.comm_exposed).c_str(), static_cast<double>(wire_bytes) / done / 1048576.0,
+              per_step(total.comm_exposed).c_str(), static_cast<double>(wire_fetched) / done / 1048576.0,
+              static_cast<double>(wire_pushed) / done / 1048576.0,
+              static_cast<double>(wire_fetched + wire_pushed) / done / 1048576.0,
               static_cast<double>(report_tokens) * static_cast<double>(done) / wall,
               peak_flops > 0 ? absl::StrFormat(" | MFU %.1f%% of %s", 100.0 * step_flops * done / wall / peak_flops,
                                                peak_flops >= 1e12 ? absl::StrFormat("%.0f TFLOP/s", peak_flops / 1e12)
                                                                   : absl::StrFormat("%.1f GFLOP/s", peak_flops / 1e9))
                                    .c_str()
                              : "");
+  std::printf("  memory: %.1f MiB of activations | %.1f MiB of fp32 weights held at the peak of a pass | %.1f MiB of "
+              "error-feedback residuals\n",
+              memory.activations / 1048576.0, host_memory.weights_held / 1048576.0,
+              host_memory.residuals / 1048576.0);
   std::fflush(stdout);
   if (const absl::Duration linger = absl::GetFlag(FLAGS_metrics_linger); linger > absl::ZeroDuration() && !stop) {
     std::fprintf(stderr, "pshard-trainer %d: serving final metrics for %s\n", rank,

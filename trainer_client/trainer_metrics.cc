@@ -27,6 +27,14 @@ metrics::Counter& Phase(metrics::Registry& r, int rank, const char* phase) {
       .Add(With(Rank(rank), "phase", phase));
 }
 
+metrics::Gauge& HostMemoryGauge(metrics::Registry& r, int rank, const char* kind) {
+  return r.AddGauge("pshard_trainer_host_memory_bytes",
+                    "Host memory the slow-link levers hold, by kind: the fp32 weights of the units held at once "
+                    "at the peak of a pass (prefetch depth + 1 units, or every unit when kept from forward to "
+                    "backward), and the error-feedback residuals of quantized gradients.")
+      .Add(With(Rank(rank), "kind", kind));
+}
+
 metrics::Gauge& ModelMemoryGauge(metrics::Registry& r, int rank, const char* kind) {
   return r.AddGauge("pshard_trainer_model_memory_bytes",
                     "Memory the model holds, by kind: activations (with gradient scratch), device buffers for "
@@ -78,6 +86,8 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       step_(r.AddGauge("pshard_trainer_step", "The step this trainer completed last, plus one.").Add(Rank(rank))),
       activation_bytes_(ModelMemoryGauge(r, rank, "activations")),
       weight_buffer_bytes_(ModelMemoryGauge(r, rank, "weights")),
+      host_weight_bytes_(HostMemoryGauge(r, rank, "weights_held")),
+      residual_bytes_(HostMemoryGauge(r, rank, "residuals")),
       gradient_buffer_bytes_(ModelMemoryGauge(r, rank, "gradients")),
       device_bytes_(ModelMemoryGauge(r, rank, "device")),
       registry_(r),
@@ -119,6 +129,25 @@ void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
   weight_buffer_bytes_.Set(static_cast<double>(memory.weights));
   gradient_buffer_bytes_.Set(static_cast<double>(memory.gradients));
   device_bytes_.Set(static_cast<double>(memory.device));
+}
+
+void TrainerMetrics::SetHostMemory(const HostMemory& memory) {
+  host_weight_bytes_.Set(static_cast<double>(memory.weights_held));
+  residual_bytes_.Set(static_cast<double>(memory.residuals));
+}
+
+HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client) {
+  HostMemory m;
+  int64_t all = 0, largest = 0;
+  for (const UnitPartition& p : client.layout().partitions) {
+    all += 4 * p.padded_numel();
+    largest = std::max<int64_t>(largest, 4 * p.padded_numel());
+  }
+  const int64_t window = static_cast<int64_t>(options.prefetch_depth + 1) * largest;
+  m.weights_held = options.reshard_after_forward ? std::min(all, window) : all;
+  // Error feedback keeps an fp32 residual of every (padded) element it pushes.
+  m.residuals = client.options().error_feedback && client.options().encodings.grad_format().quantized() ? all : 0;
+  return m;
 }
 
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model) {

@@ -25,6 +25,13 @@ struct TrainerSettings {
   int fabric_group_size = 1;
 };
 
+/// Host memory the levers hold (pshard_trainer_host_memory_bytes).
+struct HostMemory {
+  int64_t weights_held = 0;  ///< fp32 unit weights held at once at the peak of a pass
+  int64_t residuals = 0;     ///< error-feedback residuals (fp32, one per padded parameter)
+};
+HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client);
+
 /// The settings of a trainer that runs `model` with `options` over `client`.
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model);
 
@@ -41,6 +48,8 @@ class TrainerMetrics {
   void RecordStep(const StepReport& report);
   /// The model's memory by kind (see ModelMemory).
   void SetModelMemory(const ModelMemory& memory);
+  /// The levers' host memory by kind (see HostMemory).
+  void SetHostMemory(const HostMemory& memory);
   /// Publishes pshard_trainer_config_info for these settings (once).
   void SetSettings(const TrainerSettings& settings);
 
@@ -65,6 +74,8 @@ class TrainerMetrics {
   metrics::Gauge* mfu_ = nullptr;  // only when the peak rate is known
   metrics::Gauge& activation_bytes_;
   metrics::Gauge& weight_buffer_bytes_;
+  metrics::Gauge& host_weight_bytes_;
+  metrics::Gauge& residual_bytes_;
   metrics::Gauge& gradient_buffer_bytes_;
   metrics::Gauge& device_bytes_;
   metrics::Registry& registry_;

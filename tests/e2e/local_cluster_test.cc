@@ -71,7 +71,7 @@ double WireMibPerStep(const std::string& out) {
   const std::string marker = " MiB on the wire";
   const size_t end = out.find(marker);
   if (end == std::string::npos) return -1;
-  const size_t begin = out.rfind("| ", end);
+  const size_t begin = out.rfind("= ", end);  // "fetched F + pushed P = T MiB on the wire"
   return std::stod(out.substr(begin + 2, end - begin - 2));
 }
 

@@ -1,5 +1,6 @@
 // Where the time goes: the trainer's phase metrics add up to the wall time,
 // and on an emulated slow link prefetching visibly hides communication.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -118,6 +119,53 @@ TEST(TrainerMetricsTest, PrefetchReducesExposedCommunicationOnASlowLink) {
               exposed[0], exposed[1], exposed[2]);
   EXPECT_LT(exposed[1], 0.9 * exposed[0]) << "depth 0: " << exposed[0] << " s, depth 1: " << exposed[1] << " s";
   EXPECT_LT(exposed[2], 0.9 * exposed[0]) << "depth 0: " << exposed[0] << " s, depth 2: " << exposed[2] << " s";
+}
+
+// The levers' accounting: payload bytes as the steps report them, and the
+// host memory of kept weights and error-feedback residuals.
+TEST(TrainerMetricsTest, ExportsThePayloadAndTheLeversHostMemory) {
+  const JobConfig job = SmallJob();
+  for (bool quantized_and_kept : {false, true}) {
+    SCOPED_TRACE(quantized_and_kept ? "int4 gradients, units kept" : "bf16, stage 3");
+    auto cluster = LocalCluster::Start(job);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const WireEncodings encodings = quantized_and_kept ? WireEncodings(WireEncoding::kBf16, WireEncoding::kInt4)
+                                                       : WireEncodings(WireEncoding::kBf16);
+    auto client = (*cluster)->Connect(0, encodings);
+    ASSERT_TRUE(client.ok()) << client.status();
+    TrainerOptions topts;
+    topts.batch = 2;
+    topts.seq_len = 16;
+    topts.reshard_after_forward = !quantized_and_kept;
+    auto trainer = Trainer::Create(client->get(), &TestCorpus(), topts);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    metrics::Registry registry;
+    TrainerMetrics recorder(registry, 0, "grpc", "cpu", 0.0);
+    recorder.SetHostMemory(HostMemoryOf(topts, **client));
+    int64_t fetched = 0, pushed = 0;
+    for (int64_t step = 0; step < 2; ++step) {
+      absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
+      ASSERT_TRUE(report.ok()) << report.status();
+      recorder.RecordStep(*report);
+      fetched += report->payload_fetched;
+      pushed += report->payload_pushed;
+    }
+    const std::string text = absl::StrCat("\n", registry.Serialize());
+    EXPECT_GT(fetched, 0);
+    EXPECT_EQ(Sample(text, "pshard_trainer_payload_bytes_total{direction=\"fetch\",rank=\"0\"}"), fetched);
+    EXPECT_EQ(Sample(text, "pshard_trainer_payload_bytes_total{direction=\"push\",rank=\"0\"}"), pushed);
+    int64_t all = 0, largest = 0;
+    for (const UnitPartition& p : (*client)->layout().partitions) {
+      all += 4 * p.padded_numel();
+      largest = std::max<int64_t>(largest, 4 * p.padded_numel());
+    }
+    const double held = Sample(text, "pshard_trainer_host_memory_bytes{kind=\"weights_held\",rank=\"0\"}");
+    const double residuals = Sample(text, "pshard_trainer_host_memory_bytes{kind=\"residuals\",rank=\"0\"}");
+    EXPECT_EQ(held, quantized_and_kept ? all : 2 * largest);  // prefetch depth 1: two units at once
+    EXPECT_EQ(residuals, quantized_and_kept ? all : 0);
+    // The client's residuals, once it pushed every unit, are what was exported.
+    EXPECT_EQ((*client)->residual_bytes(), quantized_and_kept ? all : 0);
+  }
 }
 
 }  // namespace
