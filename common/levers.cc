@@ -7,17 +7,25 @@
 
 namespace pshard {
 
-absl::StatusOr<bool> ParseReshardAfterForward(std::string_view value) {
-  if (value == "true") return true;
-  if (value == "false") return false;
+absl::StatusOr<ReshardAfterForward> ParseReshardAfterForward(std::string_view value) {
+  if (value == "true") return ReshardAfterForward{true, 0};
+  if (value == "false") return ReshardAfterForward{false, 0};
   int group = 0;
   if (absl::SimpleAtoi(std::string(value), &group)) {
-    return absl::UnimplementedError(absl::StrCat(
+    if (group >= 2) return ReshardAfterForward{true, group};
+    return absl::InvalidArgumentError(absl::StrCat(
         "--reshard_after_forward=", group,
-        ": resharding to a fabric group (the secondary shard) is not implemented yet; use true or false"));
+        ": an integer is the fabric group to reshard to, of 2 or more trainers (false keeps whole units)"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--reshard_after_forward=", std::string(value), ": expected true or false"));
+  return absl::InvalidArgumentError(absl::StrCat("--reshard_after_forward=", std::string(value),
+                                                 ": expected true, false or a fabric group size"));
+}
+
+absl::Status CheckStage(int stage) {
+  if (stage >= 1 && stage <= 3) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--stage=", stage, ": ZeRO stages are 1, 2 and 3 (1 and 2 coincide in pshard: gradients always go to their "
+      "owners)"));
 }
 
 absl::StatusOr<bool> ParseErrorFeedback(std::string_view value, WireEncoding grads) {

@@ -51,7 +51,11 @@ ABSL_FLAG(std::string, error_feedback, "auto",
 ABSL_FLAG(std::string, device, "cpu", "where trainers run the model: cpu, cuda or auto");
 ABSL_FLAG(std::string, reshard_after_forward, "true",
           "true: trainers fetch each unit again for its backward (ZeRO stage 3); false: they keep every unit "
-          "from its forward to its backward");
+          "from its forward to its backward; G (= --fabric_group_size): each keeps the 1/G it fetched and the "
+          "group all-gathers the unit for backward (the secondary shard)");
+ABSL_FLAG(int, stage, 3,
+          "ZeRO stage of the weights: 3 (fetched pass by pass) or 2 (a resident replica per trainer, fetched once "
+          "per step); 1 is the same as 2");
 ABSL_FLAG(std::string, attention, "auto", "GPU trainers' attention: auto, fused or materialized");
 ABSL_FLAG(std::string, data, "", "training text file; empty: the built-in corpus");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
@@ -160,9 +164,21 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: %s\n", std::string(e.message()).c_str());
     return 2;
   }
-  if (absl::Status r = pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward)).status();
-      !r.ok()) {
-    std::fprintf(stderr, "pshard local: %s\n", std::string(r.message()).c_str());
+  absl::StatusOr<pshard::ReshardAfterForward> reshard =
+      pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward));
+  if (!reshard.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(reshard.status().message()).c_str());
+    return 2;
+  }
+  if (reshard->group > 0 && reshard->group != absl::GetFlag(FLAGS_fabric_group_size)) {
+    std::fprintf(stderr,
+                 "pshard local: --reshard_after_forward=%d keeps a secondary shard within each fabric group: it "
+                 "needs --fabric_group_size=%d (now %d)\n",
+                 reshard->group, reshard->group, absl::GetFlag(FLAGS_fabric_group_size));
+    return 2;
+  }
+  if (absl::Status s = pshard::CheckStage(absl::GetFlag(FLAGS_stage)); !s.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   absl::StatusOr<std::vector<std::string>> link_flags = LinkFlags();
@@ -214,6 +230,7 @@ int RunLocal() {
       absl::StrCat("--recompute=", absl::GetFlag(FLAGS_recompute) ? "true" : "false"),
       absl::StrCat("--fetch_once_per_step=", absl::GetFlag(FLAGS_fetch_once_per_step) ? "true" : "false"),
       absl::StrCat("--reshard_after_forward=", absl::GetFlag(FLAGS_reshard_after_forward)),
+      absl::StrCat("--stage=", absl::GetFlag(FLAGS_stage)),
       absl::StrCat("--encoding=", absl::GetFlag(FLAGS_encoding)),
       absl::StrCat("--weight_encoding=", absl::GetFlag(FLAGS_weight_encoding)),
       absl::StrCat("--grad_encoding=", absl::GetFlag(FLAGS_grad_encoding)),

@@ -38,8 +38,11 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
   log_->payload_fetched += t->payload_bytes();
   if (s.ok() && group_ != nullptr) {
     const absl::Time gather_start = absl::Now();
-    s = group_->AllGather(t->values(), ShardOwnership(client_->layout().partitions[schedule_[i]], group_->size()));
+    const UnitPartition& p = client_->layout().partitions[schedule_[i]];
+    const GroupOwnership owned = ShardOwnership(p, group_->size());
+    s = group_->AllGather(t->values(), owned);
     log_->busy.Add(gather_start, absl::Now());
+    if (s.ok()) log_->fabric_gathered += 4 * (p.padded_numel() - RangeElements(owned[group_->rank()]));
   }
   // Time this thread spends issuing or waiting is communication too, so
   // busy time always covers exposed time.

@@ -24,6 +24,9 @@ struct TransferLog {
   int64_t bytes_pushed = 0;
   int64_t payload_fetched = 0;  ///< UnitTransfer::payload_bytes
   int64_t payload_pushed = 0;
+  /// Received from the fabric group's other members (fp32 unit parts).
+  int64_t fabric_gathered = 0;
+  int64_t fabric_reduced = 0;
 };
 
 /// Not thread-safe. With a fabric group, each member fetches only its

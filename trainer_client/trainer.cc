@@ -32,6 +32,18 @@ absl::Status Trainer::CheckOptions(const ShardClient& client, const TrainerOptio
   if (options.prefetch_depth < 0) {
     return absl::InvalidArgumentError(absl::StrCat("prefetch depth ", options.prefetch_depth, " < 0"));
   }
+  if (options.stage < 1 || options.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("ZeRO stage ", options.stage, " is not 1, 2 or 3"));
+  }
+  if (options.secondary_shard > 0 &&
+      (options.group == nullptr || options.group->size() != options.secondary_shard)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resharding to a group of ", options.secondary_shard,
+        " after forward keeps a secondary shard within the trainer's fabric group, which ",
+        options.group == nullptr ? std::string("it has not")
+                                 : absl::StrCat("has ", options.group->size(), " members"),
+        ": the group size must be ", options.secondary_shard, " (--fabric_group_size, or the topology's groups)"));
+  }
   if (options.group != nullptr) {
     const int first = client.options().trainer_rank - options.group->rank();
     if (!IsReductionTreeNode(client.job().num_trainers, first, options.group->size())) {
@@ -94,10 +106,13 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   // the model then sums them and each unit is pushed as soon as it is done.
   const int lanes = model_->lanes();
   const bool one_pass = lanes == job.micro_batches && lanes > 1;
+  // Stage 2 (and 1): the step's replica, fetched by its first pass.
+  std::vector<std::shared_ptr<UnitTransfer>> resident(options_.stage < 3 ? units : 0);
   absl::Status status;
   for (int micro = 0; micro < job.micro_batches && status.ok(); micro += lanes) {
     status = RunPass(step, micro, &report, &log, &data,
-                     job.accumulate_on_trainer && !one_pass ? &accumulated : nullptr, &pushes);
+                     job.accumulate_on_trainer && !one_pass ? &accumulated : nullptr, &pushes,
+                     resident.empty() ? nullptr : &resident);
   }
   for (int u = units - 1; u >= 0 && status.ok() && job.accumulate_on_trainer && !one_pass; --u) {
     status = PushUnit(u, step, /*micro=*/0, accumulated[u].TakeTotal(), &log, &pushes);
@@ -146,6 +161,8 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   report.bytes_pushed = log.bytes_pushed;
   report.payload_fetched = log.payload_fetched;
   report.payload_pushed = log.payload_pushed;
+  report.fabric_gathered = log.fabric_gathered;
+  report.fabric_reduced = log.fabric_reduced;
   report.fetch_latencies = std::move(log.fetch_latencies);
   report.push_latencies = std::move(log.push_latencies);
   return report;
@@ -153,7 +170,8 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
 
 absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report, TransferLog* log,
                               IntervalUnion* data, std::vector<TreeReducer>* accumulated,
-                              std::vector<std::shared_ptr<UnitTransfer>>* pushes) {
+                              std::vector<std::shared_ptr<UnitTransfer>>* pushes,
+                              std::vector<std::shared_ptr<UnitTransfer>>* resident) {
   const absl::Time data_start = absl::Now();
   const int lanes = model_->lanes();
   for (int lane = 0; lane < lanes; ++lane) {
@@ -165,22 +183,40 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
 
   // Forward 0..K-1, then backward K-2..0: the last unit stays from forward.
   // Without resharding after forward, every unit stays, and backward
-  // fetches nothing.
+  // fetches nothing; at stage 2 the step's first pass fetches every unit
+  // once, in forward, and the others fetch nothing.
+  // With a secondary shard, each unit but the last keeps this member's
+  // part from forward, and backward all-gathers the rest in the group.
   const int k = model_->num_units();
-  const bool keep = !options_.reshard_after_forward;
+  const bool keep = !options_.reshard_after_forward || resident != nullptr;
+  const bool regather = !keep && options_.secondary_shard > 0;
   std::vector<int> schedule;
-  for (int u = 0; u < k; ++u) schedule.push_back(u);
-  for (int u = k - 2; u >= 0 && !keep; --u) schedule.push_back(u);
+  for (int u = 0; u < k; ++u) {
+    if (resident == nullptr || (*resident)[u] == nullptr) schedule.push_back(u);
+  }
+  for (int u = k - 2; u >= 0 && !keep && !regather; --u) schedule.push_back(u);
   Prefetcher prefetch(client_, options_.group, schedule, step, options_.prefetch_depth, log);
   std::vector<std::shared_ptr<UnitTransfer>> kept(k);
+  std::vector<std::vector<float>> parts(regather ? k : 0);  // this member's part of each unit
 
   // A device model returns from each call at once: while a unit computes,
   // this thread waits for the next unit's fetch and hands it over.
   size_t position = 0;
-  for (int u = 0; u < k; ++u, ++position) {
-    ASSIGN_OR_RETURN(std::shared_ptr<UnitTransfer> w, prefetch.Get(position));
+  for (int u = 0; u < k; ++u) {
+    std::shared_ptr<UnitTransfer> w = resident != nullptr ? (*resident)[u] : nullptr;
+    if (w == nullptr) {
+      ASSIGN_OR_RETURN(w, prefetch.Get(position++));
+      if (resident != nullptr) (*resident)[u] = w;
+    }
     RETURN_IF_ERROR(model_->ForwardUnit(u, w->values()));
-    if (keep || u == k - 1) kept[u] = w;
+    if (keep || u == k - 1) {
+      kept[u] = w;
+    } else if (regather) {
+      const GroupOwnership owned = ShardOwnership(client_->layout().partitions[u], options_.group->size());
+      const std::vector<ElementRange>& mine = owned[options_.group->rank()];
+      parts[u].resize(static_cast<size_t>(RangeElements(mine)));
+      PackRanges(w->values(), mine, parts[u].data());
+    }
   }
 
   // Backward: a device model keeps a second backward running while the
@@ -203,12 +239,17 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
   };
   for (int u = k - 1; u >= 0; --u) {
     std::shared_ptr<UnitTransfer> w = std::move(kept[u]);
-    if (w == nullptr) {
+    std::vector<float> regathered;
+    if (w == nullptr && regather) {
+      ASSIGN_OR_RETURN(regathered, Regather(u, parts[u], log));
+      parts[u] = {};
+    } else if (w == nullptr) {
       ASSIGN_OR_RETURN(w, prefetch.Get(position++));
     }
     pending.push_back({u, std::vector<float>(client_->layout().partitions[u].padded_numel(), 0.0f)});
-    RETURN_IF_ERROR(model_->BackwardUnit(u, w->values(), pending.back().grads));
+    RETURN_IF_ERROR(model_->BackwardUnit(u, w != nullptr ? w->values() : regathered, pending.back().grads));
     w.reset();  // drop the weights as soon as the model has them
+    regathered = {};
     while (pending.size() >= max_pending) RETURN_IF_ERROR(finish_oldest());
   }
   while (!pending.empty()) RETURN_IF_ERROR(finish_oldest());
@@ -223,6 +264,23 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> Trainer::Regather(int unit, const std::vector<float>& part, TransferLog* log) {
+  // Group communication on this thread: exposed, as a fetch's wait is.
+  const absl::Time t0 = absl::Now();
+  GroupCollective* group = options_.group;
+  const UnitPartition& p = client_->layout().partitions[unit];
+  const GroupOwnership owned = ShardOwnership(p, group->size());
+  std::vector<float> buffer(static_cast<size_t>(p.padded_numel()), 0.0f);
+  UnpackRanges(part.data(), owned[group->rank()], buffer);
+  absl::Status s = group->AllGather(buffer, owned);
+  const absl::Time t1 = absl::Now();
+  log->busy.Add(t0, t1);
+  log->waits.Add(t0, t1);
+  RETURN_IF_ERROR(s);
+  log->fabric_gathered += 4 * (p.padded_numel() - RangeElements(owned[group->rank()]));
+  return buffer;
+}
+
 absl::Status Trainer::PushUnit(int unit, int64_t step, int micro, std::vector<float> grads, TransferLog* log,
                                std::vector<std::shared_ptr<UnitTransfer>>* pushes) {
   // Reducing within the group and issuing the push are communication work
@@ -231,7 +289,9 @@ absl::Status Trainer::PushUnit(int unit, int64_t step, int micro, std::vector<fl
   ShardClient::PushOptions push;
   push.micro_batch = micro;
   if (GroupCollective* group = options_.group; group != nullptr) {
-    RETURN_IF_ERROR(group->ReduceScatter(grads, ShardOwnership(client_->layout().partitions[unit], group->size())));
+    const GroupOwnership owned = ShardOwnership(client_->layout().partitions[unit], group->size());
+    RETURN_IF_ERROR(group->ReduceScatter(grads, owned));
+    log->fabric_reduced += 4 * (group->size() - 1) * RangeElements(owned[group->rank()]);
     push.first_rank = rank() - group->rank();
     push.rank_count = group->size();
     push.shards = MemberShards(client_->job().num_shards, group->size(), group->rank());

@@ -41,6 +41,18 @@ struct TrainerOptions {
   /// weights cross the link once per pass instead of twice, for the memory
   /// of all units' weights held at the end of the forward.
   bool reshard_after_forward = true;
+  /// The secondary shard (FSDP's reshard_after_forward = G, ZeRO++'s hpZ):
+  /// with reshard_after_forward, each member of this trainer's fabric group
+  /// (whose size this must be) keeps the 1/G of every unit it fetched in
+  /// forward, and backward all-gathers the unit within the group, so
+  /// backward fetches nothing over the slow link. 0: off.
+  int secondary_shard = 0;
+  /// The ZeRO stage of the weights: 3 (the default) fetches them pass by
+  /// pass as reshard_after_forward says; 2 keeps a resident replica of
+  /// every unit, fetched once per step (unit by unit, just in time in the
+  /// step's first forward) and used by every pass of the step. Stage 1 is
+  /// stage 2 in pshard: gradients always go to their owners.
+  int stage = 3;
   /// The CUDA model's attention kernel: "auto", "fused", "materialized".
   std::string attention = "auto";
   /// The fabric group this trainer belongs to (not owned; null: none). Its
@@ -74,6 +86,11 @@ struct StepReport {
   /// docs/levers.md's formulas count them.
   int64_t payload_fetched = 0;
   int64_t payload_pushed = 0;
+  /// Bytes received from the fabric group's other members: unit parts
+  /// all-gathered (forward, and backward with a secondary shard) and
+  /// gradient parts reduce-scattered, fp32.
+  int64_t fabric_gathered = 0;
+  int64_t fabric_reduced = 0;
   StepTimes times;
   std::vector<absl::Duration> fetch_latencies;  ///< one per unit fetch
   std::vector<absl::Duration> push_latencies;   ///< one per unit push
@@ -107,8 +124,14 @@ class Trainer {
   /// first_micro, first_micro + 1, ...; their gradients (summed over the
   /// lanes) are pushed, or added to `accumulated` (one reducer per unit)
   /// when not null.
+  /// `resident` (stage 2: one per unit) holds the units already fetched
+  /// this step and receives those this pass fetches; null at stage 3.
   absl::Status RunPass(int64_t step, int first_micro, StepReport* report, TransferLog* log, IntervalUnion* data,
-                       std::vector<TreeReducer>* accumulated, std::vector<std::shared_ptr<UnitTransfer>>* pushes);
+                       std::vector<TreeReducer>* accumulated, std::vector<std::shared_ptr<UnitTransfer>>* pushes,
+                       std::vector<std::shared_ptr<UnitTransfer>>* resident);
+  /// The unit's weights rebuilt for backward from this member's part of
+  /// them (kept from forward) and the group's other members' (all-gathered).
+  absl::StatusOr<std::vector<float>> Regather(int unit, const std::vector<float>& part, TransferLog* log);
   /// Reduces `grads` within the group (if any) and starts pushing them.
   absl::Status PushUnit(int unit, int64_t step, int micro, std::vector<float> grads, TransferLog* log,
                         std::vector<std::shared_ptr<UnitTransfer>>* pushes);

@@ -46,7 +46,12 @@ ABSL_FLAG(bool, fetch_once_per_step, false,
 ABSL_FLAG(std::string, reshard_after_forward, "true",
           "true: drop each unit's weights after its forward and fetch them again for its backward (ZeRO stage 3); "
           "false: keep every unit from its forward to its backward (one weight transfer per pass instead of two, "
-          "for the memory of all units' weights)");
+          "for the memory of all units' weights); G (the fabric group's size): keep the 1/G of every unit this "
+          "trainer fetched and all-gather it within the group for backward (the secondary shard)");
+ABSL_FLAG(int, stage, 3,
+          "ZeRO stage of the weights: 3 fetches them pass by pass (--reshard_after_forward says when they are "
+          "dropped); 2 keeps a resident replica of every unit, fetched once per step and used by all its "
+          "micro-batches; 1 is the same as 2 (gradients always go to their owners)");
 ABSL_FLAG(std::string, attention, "auto",
           "GPU attention: fused (tiled, no T x T matrices; head size 64), materialized (cuBLAS around a softmax "
           "kernel), or auto (fused where it applies)");
@@ -268,12 +273,19 @@ int Run() {
   topts.data_seed = absl::GetFlag(FLAGS_data_seed);
   topts.recompute_blocks = absl::GetFlag(FLAGS_recompute);
   topts.fetch_once_per_step = absl::GetFlag(FLAGS_fetch_once_per_step);
-  absl::StatusOr<bool> reshard = pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward));
+  absl::StatusOr<pshard::ReshardAfterForward> reshard =
+      pshard::ParseReshardAfterForward(absl::GetFlag(FLAGS_reshard_after_forward));
   if (!reshard.ok()) {
     std::fprintf(stderr, "pshard-trainer: %s\n", std::string(reshard.status().message()).c_str());
     return 2;
   }
-  topts.reshard_after_forward = *reshard;
+  topts.reshard_after_forward = reshard->reshard;
+  topts.secondary_shard = reshard->group;
+  if (absl::Status s = pshard::CheckStage(absl::GetFlag(FLAGS_stage)); !s.ok()) {
+    std::fprintf(stderr, "pshard-trainer: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  topts.stage = absl::GetFlag(FLAGS_stage);
   topts.attention = absl::GetFlag(FLAGS_attention);
   topts.device = absl::GetFlag(FLAGS_device);
   auto trainer = pshard::Trainer::Create(client->get(), &*data, topts);
@@ -312,7 +324,15 @@ int Run() {
                                                : "")
                     .c_str(),
                 absl::StrCat(topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
-                             topts.reshard_after_forward
+                             topts.secondary_shard > 0
+                                 ? absl::StrCat("; secondary shard: 1/", topts.secondary_shard,
+                                                " of every unit kept from forward (",
+                                                mib(kept_weight_bytes / topts.secondary_shard),
+                                                "), all-gathered in the fabric group for backward")
+                             : topts.stage < 3 ? absl::StrCat("; stage ", topts.stage, ": a resident replica of every "
+                                                            "unit, fetched once per step: ", mib(kept_weight_bytes),
+                                                            " of weights")
+                             : topts.reshard_after_forward
                                  ? ""
                                  : absl::StrCat("; every unit kept from forward to backward: ",
                                                 mib(kept_weight_bytes), " of weights"),
@@ -340,6 +360,7 @@ int Run() {
   double step_flops = 0.0;    // and model FLOPs
   int64_t wire_fetched = 0;   // all steps, on the wire to and from the servers
   int64_t wire_pushed = 0;
+  int64_t fabric_bytes = 0;   // received from the fabric group, all steps
   for (int64_t step = first; step < steps && !stop; ++step) {
     absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
     if (!r.ok()) {
@@ -352,6 +373,7 @@ int Run() {
     step_flops = r->flops;
     wire_fetched += r->bytes_fetched;
     wire_pushed += r->bytes_pushed;
+    fabric_bytes += r->fabric_gathered + r->fabric_reduced;
     metrics.RecordStep(*r);
     recent_losses.push_back(r->loss);
     if (recent_losses.size() > 10) recent_losses.pop_front();
@@ -407,6 +429,10 @@ int Run() {
               "error-feedback residuals\n",
               memory.activations / 1048576.0, host_memory.weights_held / 1048576.0,
               host_memory.residuals / 1048576.0);
+  if (fabric_bytes > 0) {
+    std::printf("  fabric group: %.2f MiB received per step (all-gathers and reduce-scatters)\n",
+                static_cast<double>(fabric_bytes) / done / 1048576.0);
+  }
   std::fflush(stdout);
   if (const absl::Duration linger = absl::GetFlag(FLAGS_metrics_linger); linger > absl::ZeroDuration() && !stop) {
     std::fprintf(stderr, "pshard-trainer %d: serving final metrics for %s\n", rank,

@@ -68,6 +68,12 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       push_payload_(r.AddCounter("pshard_trainer_payload_bytes_total",
                                  "Encoded elements and block scales moved by direction, without framing.")
                         .Add(With(Rank(rank), "direction", "push"))),
+      fabric_gathered_(r.AddCounter("pshard_trainer_fabric_bytes_total",
+                                    "Bytes received from the fabric group's other members, by collective.")
+                           .Add(With(Rank(rank), "collective", "all_gather"))),
+      fabric_reduced_(r.AddCounter("pshard_trainer_fabric_bytes_total",
+                                   "Bytes received from the fabric group's other members, by collective.")
+                          .Add(With(Rank(rank), "collective", "reduce_scatter"))),
       step_seconds_(r.AddHistogram("pshard_trainer_step_seconds",
                                    "Wall time of training steps (its _sum is the total the phases add up to, its "
                                    "_count the steps completed).",
@@ -115,6 +121,8 @@ void TrainerMetrics::RecordStep(const StepReport& report) {
   push_bytes_.Increment(static_cast<double>(report.bytes_pushed));
   fetch_payload_.Increment(static_cast<double>(report.payload_fetched));
   push_payload_.Increment(static_cast<double>(report.payload_pushed));
+  fabric_gathered_.Increment(static_cast<double>(report.fabric_gathered));
+  fabric_reduced_.Increment(static_cast<double>(report.fabric_reduced));
   step_seconds_.Observe(wall);
   for (absl::Duration d : report.fetch_latencies) fetch_seconds_.Observe(absl::ToDoubleSeconds(d));
   for (absl::Duration d : report.push_latencies) push_seconds_.Observe(absl::ToDoubleSeconds(d));
@@ -144,7 +152,11 @@ HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client
     largest = std::max<int64_t>(largest, 4 * p.padded_numel());
   }
   const int64_t window = static_cast<int64_t>(options.prefetch_depth + 1) * largest;
-  m.weights_held = options.reshard_after_forward ? std::min(all, window) : all;
+  m.weights_held = options.reshard_after_forward && options.stage == 3 ? std::min(all, window) : all;
+  // The secondary shard keeps this member's 1/G of every unit besides.
+  if (options.reshard_after_forward && options.stage == 3 && options.secondary_shard > 0) {
+    m.weights_held += all / options.secondary_shard;
+  }
   // Error feedback keeps an fp32 residual of every (padded) element it pushes.
   m.residuals = client.options().error_feedback && client.options().encodings.grad_format().quantized() ? all : 0;
   return m;

@@ -65,6 +65,8 @@ class TrainerMetrics {
   metrics::Counter& push_bytes_;
   metrics::Counter& fetch_payload_;
   metrics::Counter& push_payload_;
+  metrics::Counter& fabric_gathered_;
+  metrics::Counter& fabric_reduced_;
   metrics::Histogram& step_seconds_;
   metrics::Histogram& fetch_seconds_;
   metrics::Histogram& push_seconds_;

@@ -34,7 +34,8 @@ TrainerOptions Tiny() { return TinyTrainerOptions(11); }
 // Trains kSteps with every trainer in a thread; `group_size` > 1 puts
 // consecutive ranks into host fabric groups. Returns the master weights.
 std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncodings encoding, int group_size,
-                                             const std::string& transport, bool fetch_once_per_step = false) {
+                                             const std::string& transport, bool fetch_once_per_step = false,
+                                             int secondary_shard = 0) {
   auto cluster = LocalCluster::Start(job);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return {};
@@ -43,6 +44,7 @@ std::vector<std::vector<float>> TrainSharded(const JobConfig& job, WireEncodings
   how.transport = transport;
   how.trainer = Tiny();
   how.trainer.fetch_once_per_step = fetch_once_per_step;
+  how.trainer.secondary_shard = secondary_shard;
   how.group_size = group_size;
   how.steps = kSteps;
   absl::Status trained = TrainInThreads(**cluster, job.num_trainers, TestCorpus(), how);
@@ -156,6 +158,57 @@ INSTANTIATE_TEST_SUITE_P(HostGroups, FabricGroupQuantizedTest,
                            return absl::StrCat(std::get<1>(info.param), "_G", c.group_size, "_K", c.micro_batches,
                                                c.accumulate ? "_accumulate" : "_push_every");
                          });
+
+// The secondary shard: each member keeps its half of every unit from
+// forward and backward all-gathers the unit within the group instead of
+// fetching it; the same bits as the reference (which, for quantized
+// gradients, quantizes each group's sum once), for N in {1, 3}.
+struct SecondaryCase {
+  int shards;
+  int trainers;
+  int micro_batches;
+  bool accumulate;
+};
+
+class SecondaryShardTest : public ::testing::TestWithParam<std::tuple<SecondaryCase, std::string>> {};
+
+TEST_P(SecondaryShardTest, BackwardAllGathersWithinTheGroupAndTrainsTheSameBits) {
+  const auto& [c, transport] = GetParam();
+  const JobConfig job = Job(c.shards, c.trainers, c.micro_batches, c.accumulate);
+  for (const WireEncodings& encodings : {WireEncodings(WireEncoding::kFp32),
+                                         WireEncodings(WireEncoding::kInt8, WireEncoding::kInt4, 48)}) {
+    SCOPED_TRACE(encodings.ToString());
+    const auto trained = TrainSharded(job, encodings, 2, transport, false, /*secondary_shard=*/2);
+    auto reference = TrainReference(job, encodings, Tiny(), TestCorpus(), kSteps, /*error_feedback=*/true, 2);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    EXPECT_TRUE(BitIdentical(trained, *reference));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HostGroups, SecondaryShardTest,
+                         ::testing::Combine(::testing::Values(SecondaryCase{1, 2, 1, false}, SecondaryCase{3, 2, 1, false},
+                                                              SecondaryCase{3, 4, 2, false}, SecondaryCase{3, 2, 2, true}),
+                                            ::testing::ValuesIn(EnabledTransports())),
+                         [](const auto& info) {
+                           const SecondaryCase& c = std::get<0>(info.param);
+                           return absl::StrCat(std::get<1>(info.param), "_N", c.shards, "_M", c.trainers, "_K",
+                                               c.micro_batches, c.accumulate ? "_accumulate" : "_push_every");
+                         });
+
+// A secondary shard needs a fabric group of its size.
+TEST(SecondaryShardTest, NeedsAFabricGroupOfItsSize) {
+  const JobConfig job = Job(2, 1, 1, false);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok());
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(client.ok());
+  TrainerOptions options = Tiny();
+  options.secondary_shard = 2;
+  auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(trainer.status().message().find("fabric group"), std::string::npos) << trainer.status();
+}
 
 // Fetching once per step: all micro-batches in one pass, their gradients
 // summed by the model in the reduction tree's order, so the servers see

@@ -16,6 +16,7 @@
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "tests/testutil/tiny_job.h"
+#include "trainer_client/prefetcher.h"
 #include "trainer_client/trainer.h"
 
 namespace pshard::testing {
@@ -86,6 +87,7 @@ struct LeverCase {
   WireEncodings encodings;
   bool reshard_after_forward = true;
   int micro_batches = 1;  ///< K, pushed per micro-batch
+  int stage = 3;
 };
 
 // E(n): bytes of a slice of n elements in `format` (docs/levers.md,
@@ -119,7 +121,8 @@ class LeverBytesTest : public ::testing::TestWithParam<std::tuple<std::string, L
 
 // Per step: weights fetched P · Σ_u c_u · E_w(u), with c_u = 2 for every
 // unit but the last under stage 3 and 1 when units are kept from forward;
-// gradients pushed K · Σ_u E_g(u). Exactly, as the payload metric counts.
+// at stage 2, Σ_u E_w(u) once per step whatever K; gradients pushed
+// K · Σ_u E_g(u). Exactly, as the payload metric counts.
 TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   const auto& [transport, c] = GetParam();
   const int shards = 3;
@@ -131,6 +134,7 @@ TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   ASSERT_TRUE(client.ok()) << client.status();
   TrainerOptions options = TinyTrainerOptions(7);
   options.reshard_after_forward = c.reshard_after_forward;
+  options.stage = c.stage;
   auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
 
@@ -138,7 +142,8 @@ TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   int64_t fetched = 0, pushed = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t copies = c.reshard_after_forward && u + 1 < units.size() ? 2 : 1;
-    fetched += c.micro_batches * copies * UnitBytes(c.encodings.weight_format(), units[u], shards);
+    const int64_t passes = c.stage == 3 ? c.micro_batches : 1;
+    fetched += passes * (c.stage == 3 ? copies : 1) * UnitBytes(c.encodings.weight_format(), units[u], shards);
     pushed += c.micro_batches * UnitBytes(c.encodings.grad_format(), units[u], shards);
   }
   for (int64_t step = 0; step < kSteps; ++step) {
@@ -164,12 +169,89 @@ std::vector<LeverCase> LeverCases() {
       {"int8_grads", WireEncodings(kBf16, kInt8, 48)},
       {"int4_grads", WireEncodings(kBf16, kInt4, 48)},
       {"int8_weights_int4_grads_kept", WireEncodings(kInt8, kInt4, 48), false},
+      {"stage2_K2", WireEncoding::kBf16, true, 2, /*stage=*/2},
+      {"stage2_K2_int8_weights_int4_grads", WireEncodings(kInt8, kInt4, 48), true, 2, 2},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, LeverBytesTest,
                          ::testing::Combine(::testing::ValuesIn(EnabledTransports()), ::testing::ValuesIn(LeverCases())),
                          LeverName);
+
+// Fabric groups of 2 (N = 3, M = 2): each member moves over the slow link
+// only its shards' slices (member 0 shards 0 and 2, member 1 shard 1), and
+// receives the rest of every unit, and of its gradient parts' sums, on the
+// fabric. Per member m with shards S_m, per step:
+//   fetched   Σ_u c_u · Σ_{s∈S_m} E_w(u, s), c_u = 2 for all units but the
+//             last, or 1 for all with the secondary shard;
+//   pushed    Σ_u Σ_{s∈S_m} E_g(u, s);
+//   gathered  Σ_u c'_u · 4 · (Ψ_u − Σ_{s∈S_m} n(u, s)), c'_u = 2 for all
+//             units but the last, with or without the secondary shard;
+//   reduced   Σ_u 4 · (G − 1) · Σ_{s∈S_m} n(u, s).
+struct GroupLeverCase {
+  std::string name;
+  WireEncodings encodings;
+  int secondary_shard = 0;
+};
+
+class GroupLeverBytesTest : public ::testing::TestWithParam<std::tuple<std::string, GroupLeverCase>> {};
+
+TEST_P(GroupLeverBytesTest, EachMemberMovesItsShareOverEachLink) {
+  const auto& [transport, c] = GetParam();
+  constexpr int kShards = 3, kTrainers = 2, kGroup = 2;
+  const JobConfig job = TinyGptJob(kShards, kTrainers, kSteps);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::vector<StepReport>> reports;
+  ClusterTraining how;
+  how.encoding = c.encodings;
+  how.transport = transport;
+  how.trainer = TinyTrainerOptions(7);
+  how.trainer.secondary_shard = c.secondary_shard;
+  how.group_size = kGroup;
+  how.steps = kSteps;
+  how.reports = &reports;
+  ASSERT_TRUE(TrainInThreads(**cluster, kTrainers, TestCorpus(), how).ok());
+  auto layout = MakeJobLayout(job);
+  ASSERT_TRUE(layout.ok());
+  const std::vector<UnitPartition>& units = layout->partitions;
+  for (int r = 0; r < kTrainers; ++r) {
+    const std::vector<int> mine = MemberShards(kShards, kGroup, r % kGroup);
+    int64_t fetched = 0, pushed = 0, gathered = 0, reduced = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const bool last = u + 1 == units.size();
+      int64_t fetch_bytes = 0, push_bytes = 0, elements = 0;
+      for (int s : mine) {
+        const int64_t n = units[u].Slice(s).length;
+        fetch_bytes += SliceBytes(c.encodings.weight_format(), n);
+        push_bytes += SliceBytes(c.encodings.grad_format(), n);
+        elements += n;
+      }
+      fetched += (c.secondary_shard > 0 || last ? 1 : 2) * fetch_bytes;
+      pushed += push_bytes;
+      gathered += (last ? 1 : 2) * 4 * (units[u].padded_numel() - elements);
+      reduced += 4 * (kGroup - 1) * elements;
+    }
+    ASSERT_EQ(reports[r].size(), static_cast<size_t>(kSteps));
+    for (const StepReport& report : reports[r]) {
+      SCOPED_TRACE(absl::StrCat("trainer ", r, ", step ", report.step));
+      EXPECT_EQ(report.payload_fetched, fetched);
+      EXPECT_EQ(report.payload_pushed, pushed);
+      EXPECT_EQ(report.fabric_gathered, gathered);
+      EXPECT_EQ(report.fabric_reduced, reduced);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllTransports, GroupLeverBytesTest,
+    ::testing::Combine(::testing::ValuesIn(EnabledTransports()),
+                       ::testing::Values(GroupLeverCase{"groups_bf16", WireEncoding::kBf16},
+                                         GroupLeverCase{"secondary_shard_bf16", WireEncoding::kBf16, 2},
+                                         GroupLeverCase{"secondary_shard_int8_int4",
+                                                        WireEncodings(WireEncoding::kInt8, WireEncoding::kInt4, 48),
+                                                        2})),
+    [](const auto& info) { return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param).name); });
 
 class ErrorFeedbackRestartTest : public ::testing::TestWithParam<std::string> {};
 
@@ -241,12 +323,23 @@ TEST_P(ErrorFeedbackRestartTest, ARestartedTrainerStartsWithAZeroResidualAndTrai
 INSTANTIATE_TEST_SUITE_P(AllTransports, ErrorFeedbackRestartTest, ::testing::ValuesIn(EnabledTransports()));
 
 TEST(ReshardAfterForwardFlag, TakesTrueOrFalseAndRefusesTheRest) {
-  EXPECT_EQ(ParseReshardAfterForward("true").value(), true);
-  EXPECT_EQ(ParseReshardAfterForward("false").value(), false);
-  EXPECT_EQ(ParseReshardAfterForward("2").status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(std::string(ParseReshardAfterForward("2").status().message()).find("not implemented yet"),
-            std::string::npos);
-  EXPECT_EQ(ParseReshardAfterForward("yes").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ParseReshardAfterForward("true").value().reshard);
+  EXPECT_EQ(ParseReshardAfterForward("true").value().group, 0);
+  EXPECT_FALSE(ParseReshardAfterForward("false").value().reshard);
+  EXPECT_TRUE(ParseReshardAfterForward("2").value().reshard);
+  EXPECT_EQ(ParseReshardAfterForward("2").value().group, 2);
+  for (const char* bad : {"1", "0", "-2", "yes"}) {
+    EXPECT_EQ(ParseReshardAfterForward(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(StageFlag, TakesOneTwoOrThree) {
+  for (int stage : {1, 2, 3}) EXPECT_TRUE(CheckStage(stage).ok()) << stage;
+  for (int stage : {0, 4, -1}) {
+    const absl::Status s = CheckStage(stage);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << stage;
+    EXPECT_NE(std::string(s.message()).find("1 and 2 coincide"), std::string::npos) << s;
+  }
 }
 
 TEST(ErrorFeedbackFlag, AutoFollowsTheGradientEncodingAndTrueNeedsAQuantizedOne) {

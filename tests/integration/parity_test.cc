@@ -55,6 +55,8 @@ struct ParityCase {
   WireEncodings encoding;
   bool reshard_after_forward = true;
   bool error_feedback = true;  ///< for quantized gradients
+  int stage = 3;
+  int micro_batches = 1;  ///< K, pushed per micro-batch
 };
 
 std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
@@ -65,7 +67,9 @@ std::string CaseName(const ::testing::TestParamInfo<ParityCase>& info) {
   if (IsQuantized(e.weights) || IsQuantized(e.grads)) absl::StrAppend(&encoding, "_block", e.quant_block);
   if (IsQuantized(e.grads) && !info.param.error_feedback) absl::StrAppend(&encoding, "_no_feedback");
   return absl::StrCat(info.param.transport, "_N", info.param.shards, "_M", info.param.trainers, "_", encoding,
-                      info.param.reshard_after_forward ? "" : "_kept_from_forward");
+                      info.param.reshard_after_forward ? "" : "_kept_from_forward",
+                      info.param.stage == 3 ? "" : absl::StrCat("_stage", info.param.stage),
+                      info.param.micro_batches == 1 ? "" : absl::StrCat("_K", info.param.micro_batches));
 }
 
 /// The data paths this build has.
@@ -73,7 +77,8 @@ class ParityTest : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   const ParityCase c = GetParam();
-  const JobConfig job = TinyJob(c.shards, c.trainers);
+  JobConfig job = TinyJob(c.shards, c.trainers);
+  job.micro_batches = c.micro_batches;
   auto cluster = LocalCluster::Start(job);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
@@ -83,6 +88,7 @@ TEST_P(ParityTest, ShardedTrainingEqualsUnshardedBitForBit) {
   how.transport = c.transport;
   how.trainer = TinyTrainer();
   how.trainer.reshard_after_forward = c.reshard_after_forward;
+  how.trainer.stage = c.stage;
   how.steps = kSteps;
   absl::Status trained = TrainInThreads(**cluster, c.trainers, TestCorpus(), how);
   ASSERT_TRUE(trained.ok()) << trained;
@@ -137,6 +143,14 @@ std::vector<ParityCase> AllCases() {
       }
     }
     cases.push_back({transport, 3, 2, WireEncodings(kBf16, kInt4, 48), true, /*error_feedback=*/false});
+    // Stage 2: a resident replica per step, used by both micro-batches'
+    // passes; and with int8 weights and int4 gradients.
+    for (int n : {1, 3}) {
+      for (int m : {1, 2}) {
+        cases.push_back({transport, n, m, kBf16, true, true, /*stage=*/2, /*micro_batches=*/2});
+        cases.push_back({transport, n, m, WireEncodings(kInt8, kInt4, 48), true, true, 2, 2});
+      }
+    }
   }
   return cases;
 }

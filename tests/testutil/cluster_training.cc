@@ -30,6 +30,7 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
     for (int g = 0; g < num_trainers / how.group_size; ++g) groups.push_back(CreateHostGroup(how.group_size));
   }
   std::vector<absl::Status> results(num_trainers);
+  if (how.reports != nullptr) how.reports->assign(num_trainers, {});
   auto train = [&](int r) -> absl::Status {
     absl::StatusOr<std::unique_ptr<ShardClient>> client = cluster.Connect(r, how.encoding, how.transport, how.error_feedback);
     if (!client.ok()) return client.status();
@@ -46,6 +47,7 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
     for (int64_t step = how.first_step; step < how.steps; ++step) {
       absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
       if (!report.ok()) return report.status();
+      if (how.reports != nullptr) (*how.reports)[r].push_back(*report);
     }
     return absl::OkStatus();
   };
