@@ -40,7 +40,7 @@ constexpr int kSeqLen = 8;
 const std::set<std::string>& AllowedLabels() {
   static const auto* labels = new std::set<std::string>{
       "shard", "rank", "transport", "direction", "phase", "for", "kind",
-      "method", "reason", "unit", "role", "version", "device",
+      "method", "reason", "unit", "role", "version", "device", "collective",
       // pshard_trainer_config_info: one value each per trainer.
       "prefetch", "encoding", "link", "micro_batches", "accumulation", "recompute", "fabric_group_size"};
   return *labels;
