@@ -426,9 +426,9 @@ int Run() {
                                    .c_str()
                              : "");
   std::printf("  memory: %.1f MiB of activations | %.1f MiB of fp32 weights held at the peak of a pass | %.1f MiB of "
-              "error-feedback residuals\n",
+              "secondary shard | %.1f MiB of error-feedback residuals\n",
               memory.activations / 1048576.0, host_memory.weights_held / 1048576.0,
-              host_memory.residuals / 1048576.0);
+              host_memory.secondary_shard / 1048576.0, host_memory.residuals / 1048576.0);
   if (fabric_bytes > 0) {
     std::printf("  fabric group: %.2f MiB received per step (all-gathers and reduce-scatters)\n",
                 static_cast<double>(fabric_bytes) / done / 1048576.0);

@@ -31,7 +31,8 @@ metrics::Gauge& HostMemoryGauge(metrics::Registry& r, int rank, const char* kind
   return r.AddGauge("pshard_trainer_host_memory_bytes",
                     "Host memory the slow-link levers hold, by kind: the fp32 weights of the units held at once "
                     "at the peak of a pass (prefetch depth + 1 units, or every unit when kept from forward to "
-                    "backward), and the error-feedback residuals of quantized gradients.")
+                    "backward or at stage 2), the secondary shard's parts kept from forward, and the "
+                    "error-feedback residuals of quantized gradients.")
       .Add(With(Rank(rank), "kind", kind));
 }
 
@@ -93,6 +94,7 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
       activation_bytes_(ModelMemoryGauge(r, rank, "activations")),
       weight_buffer_bytes_(ModelMemoryGauge(r, rank, "weights")),
       host_weight_bytes_(HostMemoryGauge(r, rank, "weights_held")),
+      secondary_shard_bytes_(HostMemoryGauge(r, rank, "secondary_shard")),
       residual_bytes_(HostMemoryGauge(r, rank, "residuals")),
       gradient_buffer_bytes_(ModelMemoryGauge(r, rank, "gradients")),
       device_bytes_(ModelMemoryGauge(r, rank, "device")),
@@ -141,6 +143,7 @@ void TrainerMetrics::SetModelMemory(const ModelMemory& memory) {
 
 void TrainerMetrics::SetHostMemory(const HostMemory& memory) {
   host_weight_bytes_.Set(static_cast<double>(memory.weights_held));
+  secondary_shard_bytes_.Set(static_cast<double>(memory.secondary_shard));
   residual_bytes_.Set(static_cast<double>(memory.residuals));
 }
 
@@ -155,7 +158,7 @@ HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client
   m.weights_held = options.reshard_after_forward && options.stage == 3 ? std::min(all, window) : all;
   // The secondary shard keeps this member's 1/G of every unit besides.
   if (options.reshard_after_forward && options.stage == 3 && options.secondary_shard > 0) {
-    m.weights_held += all / options.secondary_shard;
+    m.secondary_shard = all / options.secondary_shard;
   }
   // Error feedback keeps an fp32 residual of every (padded) element it pushes.
   m.residuals = client.options().error_feedback && client.options().encodings.grad_format().quantized() ? all : 0;

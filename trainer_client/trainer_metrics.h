@@ -27,8 +27,9 @@ struct TrainerSettings {
 
 /// Host memory the levers hold (pshard_trainer_host_memory_bytes).
 struct HostMemory {
-  int64_t weights_held = 0;  ///< fp32 unit weights held at once at the peak of a pass
-  int64_t residuals = 0;     ///< error-feedback residuals (fp32, one per padded parameter)
+  int64_t weights_held = 0;     ///< fp32 unit weights held at once at the peak of a pass
+  int64_t secondary_shard = 0;  ///< this member's 1/G of every unit, kept from forward to backward
+  int64_t residuals = 0;        ///< error-feedback residuals (fp32, one per padded parameter)
 };
 HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client);
 
@@ -77,6 +78,7 @@ class TrainerMetrics {
   metrics::Gauge& activation_bytes_;
   metrics::Gauge& weight_buffer_bytes_;
   metrics::Gauge& host_weight_bytes_;
+  metrics::Gauge& secondary_shard_bytes_;
   metrics::Gauge& residual_bytes_;
   metrics::Gauge& gradient_buffer_bytes_;
   metrics::Gauge& device_bytes_;

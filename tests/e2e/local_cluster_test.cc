@@ -220,6 +220,11 @@ TEST(LocalClusterE2E, TheSecondaryShardTrainsTheSameForLessTraffic) {
     out[secondary] = *trained;
   }
   EXPECT_NE(out[1].find("secondary shard: 1/2 of every unit kept from forward"), std::string::npos) << out[1];
+  // The summary gives the parts' memory, and what the fabric carried.
+  std::smatch kept;
+  ASSERT_TRUE(std::regex_search(out[1], kept, std::regex(R"(([0-9.]+) MiB of secondary shard)"))) << out[1];
+  EXPECT_GT(std::stod(kept[1]), 0.0) << out[1];
+  EXPECT_NE(out[1].find("fabric group: "), std::string::npos) << out[1];
   const std::vector<double> groups = Losses(out[0]);
   ASSERT_EQ(groups.size(), 3u) << out[0];
   EXPECT_EQ(Losses(out[1]), groups) << out[1];

@@ -163,6 +163,7 @@ TEST(TrainerMetricsTest, ExportsThePayloadAndTheLeversHostMemory) {
     const double residuals = Sample(text, "pshard_trainer_host_memory_bytes{kind=\"residuals\",rank=\"0\"}");
     EXPECT_EQ(held, quantized_and_kept ? all : 2 * largest);  // prefetch depth 1: two units at once
     EXPECT_EQ(residuals, quantized_and_kept ? all : 0);
+    EXPECT_EQ(Sample(text, "pshard_trainer_host_memory_bytes{kind=\"secondary_shard\",rank=\"0\"}"), 0);
     // The client's residuals, once it pushed every unit, are what was exported.
     EXPECT_EQ((*client)->residual_bytes(), quantized_and_kept ? all : 0);
   }
