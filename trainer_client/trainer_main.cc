@@ -310,9 +310,6 @@ int Run() {
   const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
-    int64_t kept_weight_bytes = 0;  // fp32 unit buffers, all held at the end of forward without resharding
-    for (const pshard::UnitPartition& p : (*client)->layout().partitions) kept_weight_bytes += 4 * p.padded_numel();
-    const int64_t residual_bytes = host_memory.residuals;
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
                 "prefetch %d; %s to shard 0, links %s; model on %s, %s of activations per trainer%s%s\n",
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
@@ -324,20 +321,20 @@ int Run() {
                                                : "")
                     .c_str(),
                 absl::StrCat(topts.recompute_blocks ? " (blocks recomputed in backward)" : "",
-                             topts.secondary_shard > 0
+                             host_memory.secondary_shard > 0
                                  ? absl::StrCat("; secondary shard: 1/", topts.secondary_shard,
                                                 " of every unit kept from forward (",
-                                                mib(kept_weight_bytes / topts.secondary_shard),
+                                                mib(host_memory.secondary_shard),
                                                 "), all-gathered in the fabric group for backward")
                              : topts.stage < 3 ? absl::StrCat("; stage ", topts.stage, ": a resident replica of every "
-                                                            "unit, fetched once per step: ", mib(kept_weight_bytes),
-                                                            " of weights")
+                                                            "unit, fetched once per step: ",
+                                                            mib(host_memory.weights_held), " of weights")
                              : topts.reshard_after_forward
                                  ? ""
                                  : absl::StrCat("; every unit kept from forward to backward: ",
-                                                mib(kept_weight_bytes), " of weights"),
-                             residual_bytes > 0
-                                 ? absl::StrCat("; error feedback: ", mib(residual_bytes),
+                                                mib(host_memory.weights_held), " of weights"),
+                             host_memory.residuals > 0
+                                 ? absl::StrCat("; error feedback: ", mib(host_memory.residuals),
                                                 " of gradient residuals in host memory")
                                  : "")
                     .c_str(),

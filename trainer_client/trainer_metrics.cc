@@ -27,6 +27,18 @@ metrics::Counter& Phase(metrics::Registry& r, int rank, const char* phase) {
       .Add(With(Rank(rank), "phase", phase));
 }
 
+metrics::Counter& PayloadCounter(metrics::Registry& r, int rank, const char* direction) {
+  return r.AddCounter("pshard_trainer_payload_bytes_total",
+                      "Encoded elements and block scales moved by direction, without framing.")
+      .Add(With(Rank(rank), "direction", direction));
+}
+
+metrics::Counter& FabricCounter(metrics::Registry& r, int rank, const char* collective) {
+  return r.AddCounter("pshard_trainer_fabric_bytes_total",
+                      "Bytes received from the fabric group's other members, by collective.")
+      .Add(With(Rank(rank), "collective", collective));
+}
+
 metrics::Gauge& HostMemoryGauge(metrics::Registry& r, int rank, const char* kind) {
   return r.AddGauge("pshard_trainer_host_memory_bytes",
                     "Host memory the slow-link levers hold, by kind: the fp32 weights of the units held at once "
@@ -63,18 +75,10 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
                        .Add(With(With(Rank(rank), "direction", "fetch"), "transport", transport))),
       push_bytes_(r.AddCounter("pshard_trainer_transfer_bytes_total", "Bytes moved on the wire by direction.")
                       .Add(With(With(Rank(rank), "direction", "push"), "transport", transport))),
-      fetch_payload_(r.AddCounter("pshard_trainer_payload_bytes_total",
-                                  "Encoded elements and block scales moved by direction, without framing.")
-                         .Add(With(Rank(rank), "direction", "fetch"))),
-      push_payload_(r.AddCounter("pshard_trainer_payload_bytes_total",
-                                 "Encoded elements and block scales moved by direction, without framing.")
-                        .Add(With(Rank(rank), "direction", "push"))),
-      fabric_gathered_(r.AddCounter("pshard_trainer_fabric_bytes_total",
-                                    "Bytes received from the fabric group's other members, by collective.")
-                           .Add(With(Rank(rank), "collective", "all_gather"))),
-      fabric_reduced_(r.AddCounter("pshard_trainer_fabric_bytes_total",
-                                   "Bytes received from the fabric group's other members, by collective.")
-                          .Add(With(Rank(rank), "collective", "reduce_scatter"))),
+      fetch_payload_(PayloadCounter(r, rank, "fetch")),
+      push_payload_(PayloadCounter(r, rank, "push")),
+      fabric_gathered_(FabricCounter(r, rank, "all_gather")),
+      fabric_reduced_(FabricCounter(r, rank, "reduce_scatter")),
       step_seconds_(r.AddHistogram("pshard_trainer_step_seconds",
                                    "Wall time of training steps (its _sum is the total the phases add up to, its "
                                    "_count the steps completed).",
