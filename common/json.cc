@@ -1,9 +1,12 @@
 #include "common/json.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace pshard {
 
@@ -177,5 +180,77 @@ class Parser {
 }  // namespace
 
 absl::StatusOr<JsonValue> ParseJson(std::string_view text) { return Parser(text).Document(); }
+
+namespace {
+
+void AppendString(const std::string& s, std::string* out) {
+  out->push_back('"');
+  for (const unsigned char c : s) {
+    switch (c) {
+      case '"': out->append("\\\""); break;
+      case '\\': out->append("\\\\"); break;
+      case '\n': out->append("\\n"); break;
+      case '\t': out->append("\\t"); break;
+      case '\r': out->append("\\r"); break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppend(out, absl::StrFormat("\\u%04x", c));
+        } else {
+          out->push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+void Append(const JsonValue& v, int depth, std::string* out) {
+  const std::string indent(2 * (depth + 1), ' '), close(2 * depth, ' ');
+  if (v.is_null()) {
+    out->append("null");
+  } else if (v.is_bool()) {
+    out->append(v.as_bool() ? "true" : "false");
+  } else if (v.is_number()) {
+    const double d = v.as_number();
+    if (!std::isfinite(d)) {
+      out->append("null");
+    } else if (d == std::trunc(d) && std::fabs(d) < 9.007199254740992e15) {
+      absl::StrAppend(out, static_cast<int64_t>(d));
+    } else {
+      absl::StrAppend(out, absl::StrFormat("%.17g", d));
+    }
+  } else if (v.is_string()) {
+    AppendString(v.as_string(), out);
+  } else if (v.is_array()) {
+    if (v.as_array().empty()) return out->append("[]"), void();
+    out->append("[\n");
+    for (size_t i = 0; i < v.as_array().size(); ++i) {
+      out->append(indent);
+      Append(v.as_array()[i], depth + 1, out);
+      out->append(i + 1 < v.as_array().size() ? ",\n" : "\n");
+    }
+    absl::StrAppend(out, close, "]");
+  } else {
+    if (v.as_object().empty()) return out->append("{}"), void();
+    out->append("{\n");
+    size_t i = 0;
+    for (const auto& [key, member] : v.as_object()) {
+      out->append(indent);
+      AppendString(key, out);
+      out->append(": ");
+      Append(member, depth + 1, out);
+      out->append(++i < v.as_object().size() ? ",\n" : "\n");
+    }
+    absl::StrAppend(out, close, "}");
+  }
+}
+
+}  // namespace
+
+std::string FormatJson(const JsonValue& value) {
+  std::string out;
+  Append(value, 0, &out);
+  out.push_back('\n');
+  return out;
+}
 
 }  // namespace pshard

@@ -1,4 +1,5 @@
-// A small JSON reader for configuration files (topologies). Strict RFC 8259
+// A small JSON reader for configuration files (topologies) and writer for
+// reports. Strict RFC 8259
 // syntax; numbers are doubles; no comments.
 #ifndef PSHARD_COMMON_JSON_H_
 #define PSHARD_COMMON_JSON_H_
@@ -50,6 +51,12 @@ class JsonValue {
 
 /// Parses a whole document; errors give the line and column.
 absl::StatusOr<JsonValue> ParseJson(std::string_view text);
+
+/// Writes `value` as a JSON document that ParseJson reads back to the same
+/// value: objects' members in key order, two spaces per level, numbers
+/// with up to 17 significant digits (integers without a fraction), and
+/// non-finite numbers as null (JSON has none).
+std::string FormatJson(const JsonValue& value);
 
 }  // namespace pshard
 

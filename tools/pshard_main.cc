@@ -1,6 +1,7 @@
 // pshard: the command-line tool. Subcommands:
 //   pshard local [flags]   train on a local cluster of N servers and M trainers
 //   pshard status --servers=host:port,...   one table of a running job
+//   pshard plan [flags]    memory, bytes and step time of a job, predicted
 #include <unistd.h>
 
 #include <climits>
@@ -12,12 +13,16 @@
 #include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/link_rate.h"
+#include "lab/plan.h"
+#include "lab/plan_flags.h"
+#include "lab/plan_report.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
 #include "common/wire_encoding.h"
@@ -88,6 +93,17 @@ ABSL_FLAG(std::string, link_rate, "",
           "(default: $PSHARD_LINK_RATE, else none)");
 ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
 ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
+ABSL_FLAG(std::string, params, "",
+          "plan: a parameter count (7.5e9, 7.5B, 125M) spread over --layers equal layers of width --d_model, "
+          "instead of the GPT of --layers, --d_model, --heads");
+ABSL_FLAG(std::string, fabric_rate, "", "plan: bandwidth between members of a fabric group, tc units (empty: unlimited)");
+ABSL_FLAG(std::string, fabric_delay, "", "plan: one-way latency between members of a fabric group");
+ABSL_FLAG(std::string, device_flops, "auto",
+          "plan: a trainer device's peak FLOP/s (e.g. 989e12), or auto: this machine's SGEMM rate");
+ABSL_FLAG(double, mfu, 0.5, "plan: the model FLOPs utilisation the trainers achieve, (0, 1]");
+ABSL_FLAG(double, optimizer_state_bytes, 12,
+          "plan: optimizer state bytes per parameter for the ZeRO comparison (K; Adam with an fp32 master: 12)");
+ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
 ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
@@ -251,6 +267,36 @@ int RunLocal() {
   return 0;
 }
 
+// The current values of the flags `names`, as the registry holds them.
+absl::StatusOr<pshard::FlagValues> CurrentFlagValues(const std::vector<std::string>& names) {
+  pshard::FlagValues values;
+  for (const std::string& name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("pshard has no flag --", name));
+    values[name] = flag->CurrentValue();
+  }
+  return values;
+}
+
+int RunPlan() {
+  absl::StatusOr<pshard::FlagValues> values = CurrentFlagValues(pshard::PlanFlagNames());
+  absl::StatusOr<pshard::PlanInput> input =
+      values.ok() ? pshard::PlanInputFromFlags(*values) : absl::StatusOr<pshard::PlanInput>(values.status());
+  if (!input.ok()) {
+    std::fprintf(stderr, "pshard plan: %s\n", std::string(input.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<pshard::Plan> plan = pshard::MakePlan(*input);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "pshard plan: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  const std::string text =
+      absl::GetFlag(FLAGS_json) ? pshard::FormatJson(pshard::PlanToJson(*plan)) : pshard::FormatPlan(*plan);
+  std::fputs(text.c_str(), stdout);
+  return 0;
+}
+
 // Prints the job's table; exits 1 when a server or trainer did not answer.
 int RunStatus() {
   std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
@@ -286,7 +332,9 @@ int main(int argc, char** argv) {
       "pshard <command> [flags]\n"
       "  local   train a GPT on a local cluster: N shard servers + M trainers on loopback\n"
       "  status  --servers=host:port,...: steps, memory and waits of the shard servers, speed and loss of "
-      "the trainers");
+      "the trainers\n"
+      "  plan    the memory, bytes per step and step time a job would have (the flags of local, and --params, "
+      "--fabric_rate, --device_flops, --mfu, --json)");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
@@ -295,6 +343,7 @@ int main(int argc, char** argv) {
   const std::string command = args[1];
   if (command == "local") return RunLocal();
   if (command == "status") return RunStatus();
+  if (command == "plan") return RunPlan();
   std::fprintf(stderr, "pshard: unknown command '%s'\n%s\n", command.c_str(), absl::ProgramUsageMessage().data());
   return 2;
 }

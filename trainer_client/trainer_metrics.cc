@@ -151,10 +151,10 @@ void TrainerMetrics::SetHostMemory(const HostMemory& memory) {
   residual_bytes_.Set(static_cast<double>(memory.residuals));
 }
 
-HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client) {
+HostMemory HostMemoryOf(const TrainerOptions& options, std::span<const UnitPartition> units, bool residuals) {
   HostMemory m;
   int64_t all = 0, largest = 0;
-  for (const UnitPartition& p : client.layout().partitions) {
+  for (const UnitPartition& p : units) {
     all += 4 * p.padded_numel();
     largest = std::max<int64_t>(largest, 4 * p.padded_numel());
   }
@@ -165,8 +165,13 @@ HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client
     m.secondary_shard = all / options.secondary_shard;
   }
   // Error feedback keeps an fp32 residual of every (padded) element it pushes.
-  m.residuals = client.options().error_feedback && client.options().encodings.grad_format().quantized() ? all : 0;
+  m.residuals = residuals ? all : 0;
   return m;
+}
+
+HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client) {
+  return HostMemoryOf(options, client.layout().partitions,
+                      client.options().error_feedback && client.options().encodings.grad_format().quantized());
 }
 
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model) {

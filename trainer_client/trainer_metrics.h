@@ -3,8 +3,10 @@
 #define PSHARD_TRAINER_CLIENT_TRAINER_METRICS_H_
 
 #include <string>
+#include <span>
 
 #include "common/metrics/metrics.h"
+#include "common/partition.h"
 #include "trainer_client/shard_client.h"
 #include "trainer_client/trainer.h"
 
@@ -31,6 +33,9 @@ struct HostMemory {
   int64_t secondary_shard = 0;  ///< this member's 1/G of every unit, kept from forward to backward
   int64_t residuals = 0;        ///< error-feedback residuals (fp32, one per padded parameter)
 };
+/// What a trainer with `options` holds for units partitioned as `units`;
+/// `residuals`: it keeps error-feedback residuals (quantized gradients).
+HostMemory HostMemoryOf(const TrainerOptions& options, std::span<const UnitPartition> units, bool residuals);
 HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client);
 
 /// The settings of a trainer that runs `model` with `options` over `client`.

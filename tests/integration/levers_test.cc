@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/levers.h"
 #include "common/status_macros.h"
+#include "lab/plan.h"
 #include "gtest/gtest.h"
 #include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
@@ -80,14 +81,42 @@ TEST_P(ReshardAfterForwardTest, KeepingUnitsFetchesEachOncePerPassAndTrainsTheSa
 
 INSTANTIATE_TEST_SUITE_P(AllTransports, ReshardAfterForwardTest, ::testing::ValuesIn(EnabledTransports()));
 
+// What `pshard plan` is told about a job that trains with `trainer` and
+// `encodings` in fabric groups of `group`.
+PlanInput PlanInputOf(const JobConfig& job, const TrainerOptions& trainer, const WireEncodings& encodings,
+                      int group) {
+  PlanInput in;
+  in.spec = MakeGptSpec(job.model).value();
+  in.shape = job.model;
+  in.servers = job.num_shards;
+  in.trainers = job.num_trainers;
+  in.group = group;
+  in.micro_batches = job.micro_batches;
+  in.accumulate_on_trainer = job.accumulate_on_trainer;
+  in.batch = trainer.batch;
+  in.seq_len = trainer.seq_len;
+  in.prefetch = trainer.prefetch_depth;
+  in.stage = trainer.stage;
+  in.fetch_once_per_step = trainer.fetch_once_per_step;
+  in.reshard = ReshardAfterForward{trainer.reshard_after_forward, trainer.secondary_shard};
+  in.encodings = encodings;
+  in.error_feedback = encodings.grad_format().quantized();
+  in.slice_alignment = job.slice_alignment;
+  in.device_flops = 1e9;
+  in.mfu = 1.0;
+  return in;
+}
+
 // One lever setting, and the payload per step its docs/levers.md formula
 // gives for a job's layout.
 struct LeverCase {
   std::string name;
   WireEncodings encodings;
   bool reshard_after_forward = true;
-  int micro_batches = 1;  ///< K, pushed per micro-batch
+  int micro_batches = 1;  ///< K, pushed per micro-batch unless accumulated
   int stage = 3;
+  bool accumulate_on_trainer = false;  ///< pushed once per step
+  bool fetch_once_per_step = false;    ///< one pass for all K
 };
 
 // E(n): bytes of a slice of n elements in `format` (docs/levers.md,
@@ -120,14 +149,17 @@ std::string LeverName(const ::testing::TestParamInfo<std::tuple<std::string, Lev
 class LeverBytesTest : public ::testing::TestWithParam<std::tuple<std::string, LeverCase>> {};
 
 // Per step: weights fetched P · Σ_u c_u · E_w(u), with c_u = 2 for every
-// unit but the last under stage 3 and 1 when units are kept from forward;
-// at stage 2, Σ_u E_w(u) once per step whatever K; gradients pushed
-// K · Σ_u E_g(u). Exactly, as the payload metric counts.
+// unit but the last under stage 3 and 1 when units are kept from forward,
+// P = K passes (1 when fetching once per step); at stage 2, Σ_u E_w(u) once
+// per step whatever K; gradients pushed K · Σ_u E_g(u) (once when
+// accumulated on the trainer). Exactly, as the payload metric counts, and
+// as `pshard plan` predicts.
 TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   const auto& [transport, c] = GetParam();
   const int shards = 3;
   JobConfig job = TinyGptJob(shards, 1, kSteps);
   job.micro_batches = c.micro_batches;
+  job.accumulate_on_trainer = c.accumulate_on_trainer;
   auto cluster = LocalCluster::Start(job);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto client = (*cluster)->Connect(0, c.encodings, transport);
@@ -135,6 +167,7 @@ TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   TrainerOptions options = TinyTrainerOptions(7);
   options.reshard_after_forward = c.reshard_after_forward;
   options.stage = c.stage;
+  options.fetch_once_per_step = c.fetch_once_per_step;
   auto trainer = Trainer::Create(client->get(), &TestCorpus(), options);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
 
@@ -142,15 +175,22 @@ TEST_P(LeverBytesTest, EachStepMovesThePayloadOfItsFormula) {
   int64_t fetched = 0, pushed = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t copies = c.reshard_after_forward && u + 1 < units.size() ? 2 : 1;
-    const int64_t passes = c.stage == 3 ? c.micro_batches : 1;
+    const int64_t passes = c.stage == 3 && !c.fetch_once_per_step ? c.micro_batches : 1;
     fetched += passes * (c.stage == 3 ? copies : 1) * UnitBytes(c.encodings.weight_format(), units[u], shards);
-    pushed += c.micro_batches * UnitBytes(c.encodings.grad_format(), units[u], shards);
+    pushed += (c.accumulate_on_trainer ? 1 : c.micro_batches) * UnitBytes(c.encodings.grad_format(), units[u], shards);
   }
+  // pshard plan predicts the same bytes.
+  const PlanInput plan_input = PlanInputOf(job, options, c.encodings, 1);
+  ASSERT_TRUE(plan_input.Validate().ok()) << plan_input.Validate();
+  const absl::StatusOr<StepBytes> planned = StepBytesOf(plan_input, 0);
+  ASSERT_TRUE(planned.ok()) << planned.status();
   for (int64_t step = 0; step < kSteps; ++step) {
     auto report = (*trainer)->RunStep(step);
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->payload_fetched, fetched) << "step " << step;
     EXPECT_EQ(report->payload_pushed, pushed) << "step " << step;
+    EXPECT_EQ(report->payload_fetched, planned->fetched) << "step " << step;
+    EXPECT_EQ(report->payload_pushed, planned->pushed) << "step " << step;
     // The wire adds framing to the payload, and only a little.
     EXPECT_GT(report->bytes_fetched, report->payload_fetched);
     EXPECT_LT(report->bytes_fetched, report->payload_fetched + 4096 * static_cast<int64_t>(units.size()) * 2);
@@ -171,6 +211,8 @@ std::vector<LeverCase> LeverCases() {
       {"int8_weights_int4_grads_kept", WireEncodings(kInt8, kInt4, 48), false},
       {"stage2_K2", WireEncoding::kBf16, true, 2, /*stage=*/2},
       {"stage2_K2_int8_weights_int4_grads", WireEncodings(kInt8, kInt4, 48), true, 2, 2},
+      {"K2_accumulated", WireEncoding::kBf16, true, 2, 3, /*accumulate_on_trainer=*/true},
+      {"K2_fetched_once_per_step", WireEncoding::kBf16, true, 2, 3, true, /*fetch_once_per_step=*/true},
   };
 }
 
@@ -232,6 +274,8 @@ TEST_P(GroupLeverBytesTest, EachMemberMovesItsShareOverEachLink) {
       gathered += (last ? 1 : 2) * 4 * (units[u].padded_numel() - elements);
       reduced += 4 * (kGroup - 1) * elements;
     }
+    const absl::StatusOr<StepBytes> planned = StepBytesOf(PlanInputOf(job, how.trainer, c.encodings, kGroup), r);
+    ASSERT_TRUE(planned.ok()) << planned.status();
     ASSERT_EQ(reports[r].size(), static_cast<size_t>(kSteps));
     for (const StepReport& report : reports[r]) {
       SCOPED_TRACE(absl::StrCat("trainer ", r, ", step ", report.step));
@@ -239,6 +283,11 @@ TEST_P(GroupLeverBytesTest, EachMemberMovesItsShareOverEachLink) {
       EXPECT_EQ(report.payload_pushed, pushed);
       EXPECT_EQ(report.fabric_gathered, gathered);
       EXPECT_EQ(report.fabric_reduced, reduced);
+      // And pshard plan predicts them.
+      EXPECT_EQ(report.payload_fetched, planned->fetched);
+      EXPECT_EQ(report.payload_pushed, planned->pushed);
+      EXPECT_EQ(report.fabric_gathered, planned->gathered);
+      EXPECT_EQ(report.fabric_reduced, planned->reduced);
     }
   }
 }

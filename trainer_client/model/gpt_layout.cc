@@ -1,5 +1,6 @@
 #include "trainer_client/model/gpt_layout.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,25 @@ double GptModelFlops(const GptConfig& config, int batch, int seq_len) {
   const double matmul_weights = config.num_layers * 12.0 * c * c + static_cast<double>(config.vocab) * c;
   const double attention = 12.0 * config.num_layers * batch * static_cast<double>(seq_len) * seq_len * c;
   return 6.0 * matmul_weights * tokens + attention;
+}
+
+int64_t GptActivationBytes(const GptConfig& config, int batch, int seq_len, bool recompute_blocks) {
+  const int64_t n = int64_t{batch} * seq_len;  // rows
+  const int64_t c = config.d_model;
+  const int64_t v = config.vocab;
+  const int64_t att = int64_t{batch} * config.num_heads * seq_len * seq_len;
+  // Per block: LayerNorm outputs and statistics (2 x (nc + 2n)), qkv 3nc,
+  // the attention probabilities, its output and the residual after it
+  // (2nc), the MLP's fc and GELU outputs (8nc).
+  const int64_t block = 15 * n * c + 4 * n + att;
+  const int64_t sets = recompute_blocks ? std::min(config.num_layers, 1) : config.num_layers;
+  const int64_t residuals = (int64_t{config.num_layers} + 1) * n * c;
+  const int64_t head = n * c + 2 * n + n * v;  // final LayerNorm and the softmax
+  // Gradients of the residual, a LayerNorm, the attention output, qkv, the
+  // MLP's two activations, one attention row pair, and the logits.
+  const int64_t scratch = 14 * n * c + 2 * int64_t{seq_len} * seq_len + n * v;
+  const int64_t floats = residuals + sets * block + head + scratch;
+  return 4 * floats + 2 * n * static_cast<int64_t>(sizeof(int32_t));
 }
 
 }  // namespace pshard

@@ -38,6 +38,13 @@ absl::StatusOr<GptLayout> MakeGptLayout(const ModelSpec& spec);
 /// (counted over the full T×T square, as run).
 double GptModelFlops(const GptConfig& config, int batch, int seq_len);
 
+/// Bytes the CPU model (CpuGpt<float>) allocates for micro-batches of
+/// `batch` sequences of `seq_len`: the residual stream entering every block
+/// and the head, each block's saved internals (one shared set with
+/// `recompute_blocks`), the head's, the gradient scratch and the batch.
+/// What CpuGpt::ActivationBytes() reports, known without building the model.
+int64_t GptActivationBytes(const GptConfig& config, int batch, int seq_len, bool recompute_blocks);
+
 }  // namespace pshard
 
 #endif  // PSHARD_TRAINER_CLIENT_MODEL_GPT_LAYOUT_H_

@@ -1,5 +1,8 @@
 #include "common/json.h"
 
+#include <cmath>
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace pshard {
@@ -31,6 +34,26 @@ TEST(JsonTest, ErrorsNameTheLineAndColumn) {
   auto v = ParseJson("{\n  \"a\": [1,\n  2,,]\n}");
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.status().message().find("line 3"), std::string::npos) << v.status();
+}
+
+TEST(JsonTest, WritesWhatItReadsBack) {
+  const char* doc =
+      "{\"a\": [1, -2500, 0.1, 1e300, true, false, null, [], {}], \"s\": \"x\\\"y\\\\n\\u0001\\t\\u00e9\", "
+      "\"o\": {\"z\": {\"k\": 123456789012}}}";
+  auto v = ParseJson(doc);
+  ASSERT_TRUE(v.ok()) << v.status();
+  const std::string text = FormatJson(*v);
+  auto back = ParseJson(text);
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
+  EXPECT_EQ(FormatJson(*back), text);
+  const JsonValue::Array& a = back->Find("a")->as_array();
+  EXPECT_EQ(a[1].as_number(), -2500);
+  EXPECT_EQ(a[2].as_number(), 0.1);
+  EXPECT_EQ(a[3].as_number(), 1e300);
+  EXPECT_EQ(back->Find("s")->as_string(), v->Find("s")->as_string());
+  EXPECT_EQ(back->Find("o")->Find("z")->Find("k")->as_number(), 123456789012.0);
+  EXPECT_NE(text.find("\"k\": 123456789012\n"), std::string::npos) << text;
+  EXPECT_EQ(FormatJson(JsonValue::Number(std::nan(""))), "null\n");
 }
 
 TEST(JsonTest, RefusesDeepNesting) {

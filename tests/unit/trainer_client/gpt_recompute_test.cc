@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model_spec.h"
 #include "common/rng.h"
 #include "trainer_client/model/gpt.h"
+#include "trainer_client/model/gpt_layout.h"
 
 namespace pshard {
 namespace {
@@ -150,6 +153,22 @@ TEST(GptRecomputeMemoryTest, ActivationBytesDropToOneBlocksInternals) {
   ExpectAndPrintActivationBytes("demo", DemoConfig(), 8, 64);
   // Allocated by Create and reported before anything runs.
   ExpectAndPrintActivationBytes("GPT-2-124M-like", Gpt2SmallConfig(), 1, 1024);
+}
+
+// The planner's figure (GptActivationBytes) is what the model allocates,
+// with and without recomputation, for odd and even shapes.
+TEST(GptRecomputeMemoryTest, TheActivationFormulaIsWhatTheModelAllocates) {
+  for (const GptConfig& cfg : {SmallConfig(), DemoConfig(), Config(1, 24, 3, 16, 40), Config(5, 32, 4, 32, 256)}) {
+    const ModelSpec spec = Spec(cfg);
+    for (const auto& [batch, seq_len] : {std::pair{1, 1}, std::pair{3, 7}, std::pair{2, cfg.context}}) {
+      for (bool recompute : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(cfg.num_layers, " layers, width ", cfg.d_model, ", batch ", batch, " x ",
+                                  seq_len, recompute ? ", recomputed" : ""));
+        EXPECT_EQ(GptActivationBytes(cfg, batch, seq_len, recompute),
+                  Model<float>(spec, batch, seq_len, recompute).ActivationBytes());
+      }
+    }
+  }
 }
 
 TEST(GptRecomputeFlopsTest, ModelFlopsUnchangedRecomputeFlopsCounted) {

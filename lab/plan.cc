@@ -1,0 +1,278 @@
+#include "lab/plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "lab/step_model.h"
+#include "trainer_client/model/gpt_layout.h"
+#include "trainer_client/prefetcher.h"
+#include "trainer_client/trainer.h"
+#include "trainer_client/trainer_metrics.h"
+
+namespace pshard {
+namespace {
+
+absl::StatusOr<std::vector<UnitPartition>> PartitionOf(const PlanInput& input) {
+  return PartitionUnits(input.spec.UnitNumels(), input.servers, input.slice_alignment);
+}
+
+int64_t EncodedBytes(const WireFormat& format, int64_t elements) {
+  return static_cast<int64_t>(format.EncodedBytes(static_cast<size_t>(elements)));
+}
+
+TrainerOptions TrainerOptionsOf(const PlanInput& input) {
+  TrainerOptions options;
+  options.batch = input.batch;
+  options.seq_len = input.seq_len;
+  options.prefetch_depth = input.prefetch;
+  options.recompute_blocks = input.recompute;
+  options.fetch_once_per_step = input.fetch_once_per_step;
+  options.reshard_after_forward = input.reshard.reshard;
+  options.secondary_shard = input.reshard.group;
+  options.stage = input.stage;
+  return options;
+}
+
+bool Residuals(const PlanInput& input) {
+  return input.error_feedback && input.encodings.grad_format().quantized();
+}
+
+TrainerMemory TrainerMemoryOf(const PlanInput& input, std::span<const UnitPartition> units) {
+  const HostMemory host = HostMemoryOf(TrainerOptionsOf(input), units, Residuals(input));
+  TrainerMemory m;
+  m.weights_held = host.weights_held;
+  m.secondary_shard = host.secondary_shard;
+  m.residuals = host.residuals;
+  const int lanes = input.fetch_once_per_step ? input.micro_batches : 1;
+  GptConfig shape = input.shape;
+  shape.context = std::max(shape.context, input.seq_len);
+  m.activations_kept = lanes * GptActivationBytes(shape, input.batch, input.seq_len, false);
+  m.activations_recomputed = lanes * GptActivationBytes(shape, input.batch, input.seq_len, true);
+  m.activations = input.recompute ? m.activations_recomputed : m.activations_kept;
+  return m;
+}
+
+ServerMemory ServerMemoryOf(const PlanInput& input, std::span<const UnitPartition> units) {
+  ServerMemory m;
+  const WireFormat weights = input.encodings.weight_format();
+  for (const UnitPartition& p : units) {
+    const int64_t slice = p.slice_length;  // every shard's slice is as long
+    m.master += 4 * slice;
+    m.optimizer += 8 * slice;
+    if (weights.encoding() != WireEncoding::kFp32) m.weight_views += EncodedBytes(weights, slice);
+    m.reduction += 4 * slice;
+  }
+  return m;
+}
+
+Knee KneeOf(const PlanInput& input, const StepBytes& bytes, int64_t padded_parameters) {
+  Knee knee;
+  knee.bytes_per_parameter =
+      static_cast<double>(std::max(bytes.fetched, bytes.pushed)) / static_cast<double>(padded_parameters);
+  if (input.slow.bytes_per_second > 0) {
+    knee.tokens_per_step =
+        input.device_flops * input.mfu / input.slow.bytes_per_second * knee.bytes_per_parameter / 6.0;
+  }
+  return knee;
+}
+
+// The levers that apply to `input` and are not on yet, one at a time, and
+// the byte levers all together.
+std::vector<std::pair<std::string, PlanInput>> LeverVariants(const PlanInput& input) {
+  std::vector<std::pair<std::string, PlanInput>> variants;
+  auto add = [&](std::string flags, auto change) {
+    PlanInput v = input;
+    change(v);
+    if (v.Validate().ok()) variants.emplace_back(std::move(flags), std::move(v));
+  };
+  add(absl::StrCat("--prefetch=", input.prefetch + 1), [](PlanInput& v) { ++v.prefetch; });
+  if (input.encodings.weights != WireEncoding::kInt8) {
+    add("--weight_encoding=int8", [](PlanInput& v) { v.encodings.weights = WireEncoding::kInt8; });
+  }
+  for (WireEncoding g : {WireEncoding::kInt8, WireEncoding::kInt4}) {
+    if (input.encodings.grads == g || (g == WireEncoding::kInt8 && input.encodings.grads == WireEncoding::kInt4)) {
+      continue;
+    }
+    add(absl::StrCat("--grad_encoding=", std::string(WireEncodingName(g))), [g](PlanInput& v) {
+      v.encodings.grads = g;
+      v.error_feedback = true;
+    });
+  }
+  if (input.stage == 3 && input.reshard.reshard && input.reshard.group == 0) {
+    add("--reshard_after_forward=false", [](PlanInput& v) { v.reshard.reshard = false; });
+    if (input.group > 1) {
+      add(absl::StrCat("--reshard_after_forward=", input.group), [](PlanInput& v) { v.reshard.group = v.group; });
+    }
+  }
+  if (input.stage == 3 && input.micro_batches > 1 && !input.fetch_once_per_step) {
+    add("--stage=2", [](PlanInput& v) { v.stage = 2; });
+    add("--accumulate_on_trainer --fetch_once_per_step", [](PlanInput& v) {
+      v.accumulate_on_trainer = true;
+      v.fetch_once_per_step = true;
+    });
+  }
+  if (input.group == 1 && input.trainers % 2 == 0) {
+    add("--fabric_group_size=2", [](PlanInput& v) { v.group = 2; });
+  }
+  add("--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false", [](PlanInput& v) {
+    v.encodings.weights = WireEncoding::kInt8;
+    v.encodings.grads = WireEncoding::kInt4;
+    v.error_feedback = true;
+    v.reshard = ReshardAfterForward{false, 0};
+  });
+  return variants;
+}
+
+}  // namespace
+
+absl::Status PlanInput::Validate() const {
+  RETURN_IF_ERROR(shape.Validate());
+  if (spec.units.empty()) return absl::InvalidArgumentError("the model has no units");
+  if (servers < 1) return absl::InvalidArgumentError(absl::StrCat("--servers=", servers, ": need at least 1"));
+  if (trainers < 1) return absl::InvalidArgumentError(absl::StrCat("--trainers=", trainers, ": need at least 1"));
+  if (group < 1 || trainers % group != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--fabric_group_size=", group, " does not divide the ", trainers, " trainers"));
+  }
+  if (micro_batches < 1 || batch < 1 || seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("micro-batches (", micro_batches, "), batch (", batch,
+                                                   ") and sequence length (", seq_len, ") must be positive"));
+  }
+  if (prefetch < 0) return absl::InvalidArgumentError(absl::StrCat("--prefetch=", prefetch, " < 0"));
+  RETURN_IF_ERROR(CheckStage(stage));
+  if (reshard.group > 0 && reshard.group != group) {
+    return absl::InvalidArgumentError(absl::StrCat("--reshard_after_forward=", reshard.group,
+                                                   " keeps a secondary shard within a fabric group of that size: "
+                                                   "give --fabric_group_size=", reshard.group));
+  }
+  if (fetch_once_per_step && micro_batches > 1 && !accumulate_on_trainer) {
+    return absl::InvalidArgumentError("--fetch_once_per_step needs --accumulate_on_trainer");
+  }
+  if (error_feedback && !encodings.grad_format().quantized()) {
+    return absl::InvalidArgumentError("error feedback needs int8 or int4 gradients");
+  }
+  if (!(device_flops > 0) || !std::isfinite(device_flops)) {
+    return absl::InvalidArgumentError("--device_flops: give the trainers' peak FLOP/s (e.g. 1e12), or auto");
+  }
+  if (!(mfu > 0) || mfu > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--mfu=", mfu, " is not in (0, 1]"));
+  }
+  if (!(optimizer_state_bytes >= 0)) {
+    return absl::InvalidArgumentError("optimizer state bytes per parameter must be >= 0");
+  }
+  for (const LinkModel* link : {&slow, &fabric}) {
+    if (link->bytes_per_second < 0 || link->latency < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("a link's rate and latency must be >= 0");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelSpec> MakeUniformSpec(int64_t parameters, int layers) {
+  if (parameters < layers || layers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a model of ", parameters, " parameters cannot fill ", layers, " layers"));
+  }
+  ModelSpec spec;
+  spec.config.num_layers = layers;
+  for (int l = 0; l < layers; ++l) {
+    // The first parameters % layers layers take one more.
+    const int64_t numel = parameters / layers + (l < parameters % layers ? 1 : 0);
+    UnitSpec unit;
+    unit.name = absl::StrCat("layer", l);
+    TensorSpec tensor;
+    tensor.name = absl::StrCat(unit.name, ".w");
+    tensor.shape = {numel};
+    tensor.numel = numel;
+    tensor.weight_decay = true;
+    unit.tensors.push_back(tensor);
+    unit.numel = numel;
+    spec.units.push_back(std::move(unit));
+  }
+  return spec;
+}
+
+ZeroMemory ZeroMemoryOf(double parameters, int devices, double k) {
+  ZeroMemory z;
+  z.devices = devices;
+  const double psi = parameters, d = devices;
+  z.data_parallel = (2 + 2 + k) * psi;
+  z.stage1 = 4 * psi + k * psi / d;
+  z.stage2 = 2 * psi + (2 + k) * psi / d;
+  z.stage3 = (4 + k) * psi / d;
+  return z;
+}
+
+absl::StatusOr<StepBytes> StepBytesOf(const PlanInput& input, int rank) {
+  ASSIGN_OR_RETURN(const std::vector<UnitPartition> units, PartitionOf(input));
+  const int g = input.group;
+  const std::vector<int> mine = MemberShards(input.servers, g, rank % g);
+  const WireFormat weights = input.encodings.weight_format(), grads = input.encodings.grad_format();
+  const bool keep = !input.reshard.reshard || input.stage < 3;
+  const bool regather = !keep && input.reshard.group > 0;
+  const int lanes = input.fetch_once_per_step ? input.micro_batches : 1;
+  const int passes = input.micro_batches / lanes;
+  const int fetching_passes = input.stage < 3 ? 1 : passes;
+  const int pushes = input.accumulate_on_trainer ? 1 : passes;
+  StepBytes bytes;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const bool last = u + 1 == units.size();
+    int64_t fetch = 0, push = 0, elements = 0;
+    for (int s : mine) {
+      const int64_t n = units[u].Slice(s).length;
+      fetch += EncodedBytes(weights, n);
+      push += EncodedBytes(grads, n);
+      elements += n;
+    }
+    // Fetched in forward, and again in backward unless kept or regathered.
+    const int fetches = keep || regather || last ? 1 : 2;
+    // Gathered on the fabric with every fetch, and for every regather.
+    const int gathers = keep || last ? 1 : 2;
+    bytes.fetched += fetching_passes * fetches * fetch;
+    bytes.pushed += pushes * push;
+    if (g > 1) {
+      bytes.gathered += fetching_passes * gathers * 4 * (units[u].padded_numel() - elements);
+      bytes.reduced += pushes * 4 * (g - 1) * elements;
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
+  RETURN_IF_ERROR(input.Validate());
+  ASSIGN_OR_RETURN(const std::vector<UnitPartition> units, PartitionOf(input));
+  Plan plan;
+  plan.input = input;
+  plan.parameters = input.spec.TotalParameters();
+  for (const UnitPartition& p : units) plan.padded_parameters += p.padded_numel();
+  plan.server = ServerMemoryOf(input, units);
+  plan.trainer = TrainerMemoryOf(input, units);
+  plan.zero = ZeroMemoryOf(static_cast<double>(plan.parameters), input.servers, input.optimizer_state_bytes);
+  for (int r = 0; r < input.trainers; ++r) {
+    ASSIGN_OR_RETURN(StepBytes b, StepBytesOf(input, r));
+    plan.bytes.fetched = std::max(plan.bytes.fetched, b.fetched);
+    plan.bytes.pushed = std::max(plan.bytes.pushed, b.pushed);
+    plan.bytes.gathered = std::max(plan.bytes.gathered, b.gathered);
+    plan.bytes.reduced = std::max(plan.bytes.reduced, b.reduced);
+    plan.bytes_by_trainer.push_back(b);
+  }
+  plan.time = PredictStepTime(input, units);
+  plan.knee = KneeOf(input, plan.bytes, plan.padded_parameters);
+  for (auto& [flags, variant] : LeverVariants(input)) {
+    ASSIGN_OR_RETURN(const std::vector<UnitPartition> vunits, PartitionOf(variant));
+    LeverOption option;
+    option.flags = flags;
+    ASSIGN_OR_RETURN(option.bytes, StepBytesOf(variant, 0));
+    option.time = PredictStepTime(variant, vunits);
+    option.trainer_memory = TrainerMemoryOf(variant, vunits).total();
+    option.speedup = option.time.step > 0 ? plan.time.step / option.time.step : 1.0;
+    plan.levers.push_back(std::move(option));
+  }
+  std::stable_sort(plan.levers.begin(), plan.levers.end(),
+                   [](const LeverOption& a, const LeverOption& b) { return a.time.step < b.time.step; });
+  return plan;
+}
+
+}  // namespace pshard

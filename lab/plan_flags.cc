@@ -1,0 +1,152 @@
+#include "lab/plan_flags.h"
+
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/link_rate.h"
+#include "common/status_macros.h"
+#include "trainer_client/peak_flops.h"
+
+namespace pshard {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(const FlagValues& flags) : flags_(flags) {}
+
+  absl::StatusOr<std::string> Text(const std::string& name) const {
+    auto it = flags_.find(name);
+    if (it == flags_.end()) return absl::InternalError(absl::StrCat("the planner was not given --", name));
+    return it->second;
+  }
+  absl::StatusOr<int> Int(const std::string& name) const {
+    ASSIGN_OR_RETURN(const std::string text, Text(name));
+    int v = 0;
+    if (!absl::SimpleAtoi(text, &v)) return Bad(name, text, "an integer");
+    return v;
+  }
+  absl::StatusOr<double> Number(const std::string& name) const {
+    ASSIGN_OR_RETURN(const std::string text, Text(name));
+    double v = 0;
+    if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) return Bad(name, text, "a number");
+    return v;
+  }
+  absl::StatusOr<bool> Bool(const std::string& name) const {
+    ASSIGN_OR_RETURN(const std::string text, Text(name));
+    bool v = false;
+    if (!absl::SimpleAtob(text, &v)) return Bad(name, text, "true or false");
+    return v;
+  }
+  absl::StatusOr<LinkModel> Link(const std::string& rate_flag, const std::string& delay_flag) const {
+    ASSIGN_OR_RETURN(const std::string rate, Text(rate_flag));
+    ASSIGN_OR_RETURN(const std::string delay, Text(delay_flag));
+    LinkModel link;
+    absl::StatusOr<double> r = ParseLinkRate(rate);
+    if (!r.ok()) return absl::InvalidArgumentError(absl::StrCat("--", rate_flag, ": ", r.status().message()));
+    link.bytes_per_second = *r;
+    if (!delay.empty() && delay != "0" && (!absl::ParseDuration(delay, &link.latency) || link.latency < absl::ZeroDuration())) {
+      return Bad(delay_flag, delay, "a duration such as 5ms");
+    }
+    return link;
+  }
+
+ private:
+  static absl::Status Bad(const std::string& name, const std::string& text, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, "=", text, " is not ", what));
+  }
+  const FlagValues& flags_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& PlanFlagNames() {
+  static const std::vector<std::string> names = {
+      "servers", "trainers", "fabric_group_size", "micro_batches", "batch", "seq_len",
+      "accumulate_on_trainer", "fetch_once_per_step", "recompute", "prefetch", "stage",
+      "reshard_after_forward", "encoding", "weight_encoding", "grad_encoding", "quant_block",
+      "error_feedback", "layers", "d_model", "heads", "context", "params", "link_rate", "link_delay",
+      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes"};
+  return names;
+}
+
+absl::StatusOr<int64_t> ParseParameterCount(const std::string& raw) {
+  std::string text(absl::StripAsciiWhitespace(raw));
+  double scale = 1;
+  if (!text.empty()) {
+    switch (absl::ascii_toupper(static_cast<unsigned char>(text.back()))) {
+      case 'K': scale = 1e3; break;
+      case 'M': scale = 1e6; break;
+      case 'B':
+      case 'G': scale = 1e9; break;
+      case 'T': scale = 1e12; break;
+      default: break;
+    }
+    if (scale != 1) text.pop_back();
+  }
+  double v = 0;
+  if (!absl::SimpleAtod(text, &v) || !(v * scale >= 1) || v * scale > 1e15) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--params=", raw, " is not a parameter count such as 7.5e9, 7.5B or 125M"));
+  }
+  return static_cast<int64_t>(std::llround(v * scale));
+}
+
+absl::StatusOr<PlanInput> PlanInputFromFlags(const FlagValues& flags) {
+  const Reader read(flags);
+  PlanInput in;
+  ASSIGN_OR_RETURN(in.servers, read.Int("servers"));
+  ASSIGN_OR_RETURN(in.trainers, read.Int("trainers"));
+  ASSIGN_OR_RETURN(in.group, read.Int("fabric_group_size"));
+  ASSIGN_OR_RETURN(in.micro_batches, read.Int("micro_batches"));
+  ASSIGN_OR_RETURN(in.batch, read.Int("batch"));
+  ASSIGN_OR_RETURN(in.seq_len, read.Int("seq_len"));
+  ASSIGN_OR_RETURN(in.accumulate_on_trainer, read.Bool("accumulate_on_trainer"));
+  ASSIGN_OR_RETURN(in.fetch_once_per_step, read.Bool("fetch_once_per_step"));
+  ASSIGN_OR_RETURN(in.recompute, read.Bool("recompute"));
+  ASSIGN_OR_RETURN(in.prefetch, read.Int("prefetch"));
+  ASSIGN_OR_RETURN(in.stage, read.Int("stage"));
+  ASSIGN_OR_RETURN(const std::string reshard, read.Text("reshard_after_forward"));
+  ASSIGN_OR_RETURN(in.reshard, ParseReshardAfterForward(reshard));
+  ASSIGN_OR_RETURN(const std::string both, read.Text("encoding"));
+  ASSIGN_OR_RETURN(const std::string weights, read.Text("weight_encoding"));
+  ASSIGN_OR_RETURN(const std::string grads, read.Text("grad_encoding"));
+  ASSIGN_OR_RETURN(const int block, read.Int("quant_block"));
+  ASSIGN_OR_RETURN(in.encodings, ParseWireEncodings(both, weights, grads, block));
+  ASSIGN_OR_RETURN(const std::string feedback, read.Text("error_feedback"));
+  ASSIGN_OR_RETURN(in.error_feedback, ParseErrorFeedback(feedback, in.encodings.grads));
+  ASSIGN_OR_RETURN(in.shape.num_layers, read.Int("layers"));
+  ASSIGN_OR_RETURN(in.shape.d_model, read.Int("d_model"));
+  ASSIGN_OR_RETURN(in.shape.num_heads, read.Int("heads"));
+  ASSIGN_OR_RETURN(in.shape.context, read.Int("context"));
+  ASSIGN_OR_RETURN(const std::string params, read.Text("params"));
+  if (params.empty()) {
+    RETURN_IF_ERROR(in.shape.Validate());
+    ASSIGN_OR_RETURN(in.spec, MakeGptSpec(in.shape));
+    if (in.seq_len > in.shape.context) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--seq_len=", in.seq_len, " exceeds the model's --context=", in.shape.context));
+    }
+  } else {
+    ASSIGN_OR_RETURN(const int64_t count, ParseParameterCount(params));
+    ASSIGN_OR_RETURN(in.spec, MakeUniformSpec(count, in.shape.num_layers));
+    in.gpt = false;
+    in.shape.context = std::max(in.shape.context, in.seq_len);
+  }
+  ASSIGN_OR_RETURN(in.slow, read.Link("link_rate", "link_delay"));
+  ASSIGN_OR_RETURN(in.fabric, read.Link("fabric_rate", "fabric_delay"));
+  ASSIGN_OR_RETURN(const std::string device_flops, read.Text("device_flops"));
+  if (device_flops == "auto") {
+    in.device_flops = MeasureSgemmFlops();
+  } else {
+    ASSIGN_OR_RETURN(in.device_flops, read.Number("device_flops"));
+  }
+  ASSIGN_OR_RETURN(in.mfu, read.Number("mfu"));
+  ASSIGN_OR_RETURN(in.optimizer_state_bytes, read.Number("optimizer_state_bytes"));
+  RETURN_IF_ERROR(in.Validate());
+  return in;
+}
+
+}  // namespace pshard

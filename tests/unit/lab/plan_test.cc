@@ -1,0 +1,232 @@
+// The planner: ZeRO's memory table, the flags it reads, and its step model
+// on cases small enough to work out by hand.
+#include "lab/plan.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lab/plan_flags.h"
+#include "lab/plan_report.h"
+#include "lab/step_model.h"
+
+namespace pshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The values `pshard local` and `pshard plan` default to, with a fixed device.
+FlagValues DefaultFlags() {
+  return {{"servers", "4"},        {"trainers", "2"},          {"fabric_group_size", "1"},
+          {"micro_batches", "1"},  {"batch", "8"},             {"seq_len", "64"},
+          {"accumulate_on_trainer", "false"}, {"fetch_once_per_step", "false"}, {"recompute", "false"},
+          {"prefetch", "1"},       {"stage", "3"},             {"reshard_after_forward", "true"},
+          {"encoding", "bf16"},    {"weight_encoding", ""},    {"grad_encoding", ""},
+          {"quant_block", "64"},   {"error_feedback", "auto"}, {"layers", "4"},
+          {"d_model", "128"},      {"heads", "4"},             {"context", "64"},
+          {"params", ""},          {"link_rate", ""},          {"link_delay", ""},
+          {"fabric_rate", ""},     {"fabric_delay", ""},       {"device_flops", "1e11"},
+          {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}};
+}
+
+absl::StatusOr<Plan> PlanOf(FlagValues flags) {
+  absl::StatusOr<PlanInput> input = PlanInputFromFlags(flags);
+  if (!input.ok()) return input.status();
+  return MakePlan(*input);
+}
+
+// ZeRO (Rajbhandari et al.), Figure 1: 7.5B parameters on 64 devices with
+// Adam in mixed precision (K = 12).
+TEST(PlanTest, ReproducesZerosWorkedExample) {
+  FlagValues flags = DefaultFlags();
+  flags["params"] = "7.5e9";
+  flags["servers"] = "64";
+  flags["layers"] = "32";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->parameters, 7'500'000'000);
+  EXPECT_DOUBLE_EQ(plan->zero.data_parallel, 120e9);
+  EXPECT_DOUBLE_EQ(plan->zero.stage1, 31.40625e9);
+  EXPECT_DOUBLE_EQ(plan->zero.stage2, 16.640625e9);
+  EXPECT_DOUBLE_EQ(plan->zero.stage3, 1.875e9);
+  const std::string table = FormatPlan(*plan);
+  EXPECT_THAT(table, HasSubstr("data parallel                    120.0 GB"));
+  EXPECT_THAT(table, HasSubstr("ZeRO-1 (optimizer state)          31.4 GB"));
+  EXPECT_THAT(table, HasSubstr("ZeRO-2 (+ gradients)              16.6 GB"));
+  EXPECT_THAT(table, HasSubstr("ZeRO-3 (+ weights)                 1.9 GB"));
+  // The suffix form is the same count; JSON carries the exact bytes.
+  flags["params"] = "7.5B";
+  absl::StatusOr<Plan> again = PlanOf(flags);
+  ASSERT_TRUE(again.ok());
+  const JsonValue json = PlanToJson(*again);
+  EXPECT_EQ(json.Find("zero")->Find("stage1_bytes")->as_number(), 31.40625e9);
+  EXPECT_EQ(json.Find("zero")->Find("devices")->as_number(), 64);
+}
+
+// A pshard server holds ZeRO-3's optimizer share (12 bytes per parameter
+// over N) in fp32, plus its weight view and reduction buffers.
+TEST(PlanTest, ServerMemoryIsTheShardOfEveryUnit) {
+  FlagValues flags = DefaultFlags();
+  flags["params"] = "1M";
+  flags["layers"] = "4";
+  flags["servers"] = "4";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 250,000 per layer, padded to slices of 62,528 (a multiple of 64).
+  EXPECT_EQ(plan->padded_parameters, 4 * 4 * 62'528);
+  EXPECT_EQ(plan->server.master, 4 * 4 * 62'528);
+  EXPECT_EQ(plan->server.optimizer, 8 * 4 * 62'528);
+  EXPECT_EQ(plan->server.weight_views, 2 * 4 * 62'528);  // bf16
+  EXPECT_EQ(plan->server.reduction, 4 * 4 * 62'528);
+}
+
+TEST(PlanTest, ParameterCounts) {
+  EXPECT_EQ(ParseParameterCount("7.5e9").value(), 7'500'000'000);
+  EXPECT_EQ(ParseParameterCount("125M").value(), 125'000'000);
+  EXPECT_EQ(ParseParameterCount("1.3b").value(), 1'300'000'000);
+  EXPECT_EQ(ParseParameterCount("20k").value(), 20'000);
+  for (const char* bad : {"", "many", "-5", "0", "1e30", "7.5X"}) {
+    const absl::Status s = ParseParameterCount(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--params=")) << bad;
+  }
+}
+
+TEST(PlanTest, BadFlagsAreNamed) {
+  const std::pair<std::pair<const char*, const char*>, const char*> cases[] = {
+      {{"link_rate", "fast"}, "--link_rate"},
+      {{"link_delay", "soon"}, "--link_delay=soon"},
+      {{"mfu", "1.5"}, "--mfu=1.5"},
+      {{"device_flops", "0"}, "--device_flops"},
+      {{"servers", "x"}, "--servers=x"},
+      {{"fabric_group_size", "3"}, "--fabric_group_size=3"},
+      {{"reshard_after_forward", "2"}, "--fabric_group_size=2"},
+      {{"grad_encoding", "int3"}, "int3"},
+      {{"seq_len", "65"}, "--context=64"},
+  };
+  for (const auto& [flag, message] : cases) {
+    FlagValues flags = DefaultFlags();
+    flags[flag.first] = flag.second;
+    const absl::Status s = PlanOf(flags).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag.first;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(message)) << flag.first;
+  }
+  FlagValues missing = DefaultFlags();
+  missing.erase("mfu");
+  EXPECT_THAT(std::string(PlanOf(missing).status().message()), HasSubstr("--mfu"));
+}
+
+// One trainer, one server, 3 units of 1,000 fp32 parameters (4,000 bytes
+// each way), 1 ms each way at 4 MB/s (1 ms per unit), no prefetch, and a
+// device so slow that each unit's forward takes 1 ms and backward 2 ms.
+PlanInput HandCase() {
+  PlanInput in;
+  in.spec = MakeUniformSpec(3000, 3).value();
+  in.shape = GptConfig{.num_layers = 3, .d_model = 1, .num_heads = 1, .context = 1, .vocab = 1};
+  in.gpt = false;
+  in.servers = 1;
+  in.trainers = 1;
+  in.batch = 1;
+  in.seq_len = 1;
+  in.prefetch = 0;
+  in.encodings = WireEncodings(WireEncoding::kFp32);
+  in.slice_alignment = 8;
+  in.slow.bytes_per_second = 4e6;
+  in.slow.latency = absl::Milliseconds(1);
+  // 6 FLOPs per parameter and token, plus 12 for attention: 6,012 per unit.
+  in.device_flops = 6012.0 / 3e-3;
+  in.mfu = 1.0;
+  return in;
+}
+
+TEST(StepModelTest, WithoutPrefetchEveryFetchWaitsOneRoundTripAndItsBytes) {
+  const PlanInput in = HandCase();
+  ASSERT_TRUE(in.Validate().ok()) << in.Validate();
+  const std::vector<UnitPartition> units = PartitionUnits(in.spec.UnitNumels(), 1, 8).value();
+  const StepTime t = PredictStepTime(in, units);
+  // Fetches: units 0, 1, 2 in forward, 1, 0 in backward: 3 ms each (2 ms of
+  // latency, 1 ms of bytes). Compute: 3 x (1 + 2) ms. The last push (unit
+  // 0's, 1 ms of bytes) is acknowledged a round trip after its bytes pass.
+  EXPECT_NEAR(t.compute, 9e-3, 1e-9);
+  EXPECT_NEAR(t.step, 5 * 3e-3 + 9e-3 + 3e-3, 1e-9);
+  EXPECT_NEAR(t.exposed, t.step - t.compute, 1e-12);
+  EXPECT_TRUE(t.comm_bound());
+}
+
+TEST(StepModelTest, PrefetchHidesFetchesBehindCompute) {
+  PlanInput in = HandCase();
+  const std::vector<UnitPartition> units = PartitionUnits(in.spec.UnitNumels(), 1, 8).value();
+  const double none = PredictStepTime(in, units).step;
+  in.prefetch = 1;
+  const StepTime one = PredictStepTime(in, units);
+  in.prefetch = 2;
+  const StepTime two = PredictStepTime(in, units);
+  EXPECT_LT(one.step, none);
+  EXPECT_LE(two.step, one.step);
+  // Nothing can hide the first fetch (3 ms) and the last push's round trip
+  // (3 ms) behind compute.
+  EXPECT_GE(two.step, 9e-3 + 6e-3 - 1e-9);
+  EXPECT_NEAR(one.compute, 9e-3, 1e-9);
+}
+
+TEST(StepModelTest, BytesAndLatencyEachCostTime) {
+  PlanInput in = HandCase();
+  in.prefetch = 1;
+  const std::vector<UnitPartition> units = PartitionUnits(in.spec.UnitNumels(), 1, 8).value();
+  const double base = PredictStepTime(in, units).step;
+  PlanInput slower = in;
+  slower.slow.bytes_per_second /= 4;
+  EXPECT_GT(PredictStepTime(slower, units).step, base * 1.5);
+  PlanInput farther = in;
+  farther.slow.latency = absl::Milliseconds(10);
+  EXPECT_GT(PredictStepTime(farther, units).step, base + 4 * 9e-3);
+  PlanInput ideal = in;
+  ideal.slow = LinkModel();
+  EXPECT_NEAR(PredictStepTime(ideal, units).step, 9e-3, 1e-9);
+}
+
+// A trainer on a slow link moves each parameter's bytes about three times
+// per step (two fetches of bf16, one push): the knee is where 6 FLOPs per
+// parameter and token take as long.
+TEST(PlanTest, TheKneeIsWhereComputeCatchesUpWithTheLink) {
+  FlagValues flags = DefaultFlags();
+  flags["params"] = "100M";
+  flags["layers"] = "10";
+  flags["link_rate"] = "1gbit";
+  flags["device_flops"] = "100e12";
+  flags["mfu"] = "0.4";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Fetched: 2 bytes per parameter, twice but for the last unit.
+  EXPECT_NEAR(plan->knee.bytes_per_parameter, 2.0 * 1.9, 1e-3);
+  EXPECT_NEAR(plan->knee.tokens_per_step, 40e12 / 125e6 * 3.8 / 6, 1.0);
+  EXPECT_TRUE(plan->time.comm_bound());
+  // The same job well past the knee is compute-bound.
+  flags["batch"] = "16384";
+  flags["seq_len"] = "64";
+  flags["context"] = "64";
+  absl::StatusOr<Plan> big = PlanOf(flags);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_GT(big->input.tokens_per_step(), 2 * big->knee.tokens_per_step);
+  EXPECT_FALSE(big->time.comm_bound());
+}
+
+TEST(PlanTest, RanksTheLeversAtTheLink) {
+  FlagValues flags = DefaultFlags();
+  flags["link_rate"] = "30mbit";
+  flags["link_delay"] = "2ms";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_FALSE(plan->levers.empty());
+  for (size_t i = 1; i < plan->levers.size(); ++i) {
+    EXPECT_LE(plan->levers[i - 1].time.step, plan->levers[i].time.step);
+  }
+  // Comm-bound: the combination of byte levers wins, by about the bytes it saves.
+  EXPECT_EQ(plan->levers.front().flags, "--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false");
+  EXPECT_GT(plan->levers.front().speedup, 2.0);
+  EXPECT_THAT(FormatPlan(*plan), HasSubstr("buys the most: --weight_encoding=int8 --grad_encoding=int4"));
+}
+
+}  // namespace
+}  // namespace pshard
