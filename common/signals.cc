@@ -1,21 +1,48 @@
 #include "common/signals.h"
 
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <thread>
 
 namespace pshard {
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int signo) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signo);
+  // Async-signal-safe; a full pipe means a signal is already waiting.
+  [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+}  // namespace
 
 void CallOnTerminationSignal(std::function<void(int)> on_signal) {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  // A signal mask survives exec: a parent may have left them blocked.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set, on_signal = std::move(on_signal)] {
-    int signo = 0;
-    if (sigwait(&set, &signo) == 0) on_signal(signo);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  std::thread([on_signal = std::move(on_signal)] {
+    unsigned char byte = 0;
+    ssize_t n = 0;
+    do {
+      n = read(g_signal_pipe[0], &byte, 1);
+    } while (n < 0 && errno == EINTR);
+    if (n == 1) on_signal(byte);
   }).detach();
 }
 

@@ -6,9 +6,11 @@
 
 namespace pshard {
 
-/// Blocks SIGINT and SIGTERM in the calling thread (and every thread it
-/// starts afterwards) and runs `on_signal(signo)` on a helper thread when
-/// one arrives. Call at the top of main(), before any thread is started.
+/// Runs `on_signal(signo)` on a helper thread when SIGINT or SIGTERM
+/// arrives (once, for the first one). The signals' handler only writes the
+/// number to a pipe, so whichever thread the kernel picks to take the
+/// signal (libraries may start threads before main(), with no signal
+/// blocked) hands it over. Call once, early in main().
 void CallOnTerminationSignal(std::function<void(int)> on_signal);
 
 }  // namespace pshard

@@ -6,7 +6,11 @@
 namespace pshard {
 namespace {
 
-std::string Gb(double bytes) { return absl::StrFormat("%.1f GB", bytes / 1e9); }
+// GB (10^9 bytes, as ZeRO's table counts) from 0.1 GB up, MiB below.
+std::string Gb(double bytes) {
+  if (bytes < 1e8) return absl::StrFormat("%.2f MiB", bytes / 1048576.0);
+  return absl::StrFormat("%.1f GB", bytes / 1e9);
+}
 
 std::string Mib(double bytes) {
   if (bytes >= 1024.0 * 1048576.0) return absl::StrFormat("%.2f GiB", bytes / (1024.0 * 1048576.0));
@@ -23,9 +27,10 @@ std::string Count(double n) {
 }
 
 std::string LinkText(const LinkModel& link) {
-  const std::string rate = link.bytes_per_second > 0
-                               ? absl::StrFormat("%.4g Mbit/s", link.bytes_per_second * 8 / 1e6)
-                               : std::string("unlimited");
+  const double bits = link.bytes_per_second * 8;
+  const std::string rate = bits <= 0     ? std::string("unlimited")
+                           : bits >= 1e9 ? absl::StrFormat("%.4g Gbit/s", bits / 1e9)
+                                         : absl::StrFormat("%.4g Mbit/s", bits / 1e6);
   return absl::StrCat(rate, ", ", absl::FormatDuration(link.latency), " one way");
 }
 

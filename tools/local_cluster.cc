@@ -83,16 +83,19 @@ std::string Quoted(const std::vector<std::string>& targets) {
 }  // namespace
 
 std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size) {
-  std::vector<std::string> servers, trainers, groups;
-  for (const std::string& a : server_addresses) servers.push_back(absl::StrCat("\"", a, "\""));
-  for (int r = 0; r < num_trainers; ++r) trainers.push_back(absl::StrCat(r));
+  std::vector<std::string> nodes, groups;
+  for (size_t s = 0; s < server_addresses.size(); ++s) {
+    nodes.push_back(absl::StrCat("{\"name\": \"server-", s, "\", \"servers\": [\"", server_addresses[s], "\"]}"));
+  }
+  for (int r = 0; r < num_trainers; ++r) {
+    nodes.push_back(absl::StrCat("{\"name\": \"trainer-", r, "\", \"trainers\": [", r, "]}"));
+  }
   for (int first = 0; first < num_trainers; first += group_size) {
     std::vector<std::string> members;
     for (int r = first; r < first + group_size; ++r) members.push_back(absl::StrCat(r));
     groups.push_back(absl::StrCat("[", absl::StrJoin(members, ", "), "]"));
   }
-  return absl::StrCat("{\"nodes\": [{\"name\": \"local\", \"servers\": [", absl::StrJoin(servers, ", "),
-                      "], \"trainers\": [", absl::StrJoin(trainers, ", "), "]}],\n \"fabric_groups\": [",
+  return absl::StrCat("{\"nodes\": [\n  ", absl::StrJoin(nodes, ",\n  "), "],\n \"fabric_groups\": [",
                       absl::StrJoin(groups, ", "), "]}\n");
 }
 
@@ -175,6 +178,14 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     std::ofstream(path) << LocalTopology(addresses, spec.num_trainers, spec.fabric_group_size);
     topology_flag = absl::StrCat("--topology=", path);
   }
+  std::string link_dir_flag;
+  if (spec.emulated_links) {
+    const std::string dir = spec.run_dir + "/links";
+    std::filesystem::remove_all(dir, error);  // buckets of an earlier run in this folder
+    std::filesystem::create_directories(dir, error);
+    if (error) return fail(absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message())));
+    link_dir_flag = absl::StrCat("--link_dir=", dir);
+  }
   std::vector<std::string> logs;
   // Every trainer writes to its log in the run folder; trainer 0's is also
   // followed onto this process's output.
@@ -186,6 +197,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);
+    if (!link_dir_flag.empty()) argv.push_back(link_dir_flag);
     if (r != 0) argv.push_back("--log_every=0");
     logs.push_back(absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());

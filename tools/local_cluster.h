@@ -15,7 +15,7 @@ struct LocalClusterSpec {
   int num_servers = 4;
   int num_trainers = 2;
   std::string bin_dir;  ///< holds pshard-server and pshard-trainer
-  std::string run_dir;  ///< logs and port files
+  std::string run_dir;  ///< logs, port files and the emulated nodes' link buckets (links/)
   /// Metrics ports: server s on base + s, trainer r on base + 100 + r; 0:
   /// any free ports. A Prometheus config for them goes to run_dir.
   int metrics_port_base = 0;
@@ -26,9 +26,14 @@ struct LocalClusterSpec {
   /// Trainers in fabric groups of this many consecutive ranks (1: none):
   /// a topology file saying so goes to run_dir and to every trainer.
   int fabric_group_size = 1;
+  /// The trainers emulate slow links (trainer_flags has --link_rate or
+  /// --link_delay): their nodes' buckets go to run_dir/links, shared by
+  /// every trainer (--link_dir).
+  bool emulated_links = false;
 };
 
-/// A topology file for one node holding every server and trainer, with
+/// A topology file with every server and every trainer on its own node
+/// ("server-S", "trainer-R", the nodes the link emulation shapes), and
 /// fabric groups of `group_size` consecutive ranks.
 std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size);
 

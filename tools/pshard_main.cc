@@ -89,10 +89,13 @@ ABSL_FLAG(int64_t, resume_step, -1, "servers restore this step's checkpoints ins
 ABSL_FLAG(bool, start_fresh, false,
           "start from step 0 even if --checkpoint_dir holds checkpoints (they are moved into a subfolder)");
 ABSL_FLAG(std::string, link_rate, "",
-          "emulated bandwidth of each trainer-server link, tc units: 100mbit, 1gbit (bits) or 20mbps (bytes!) "
+          "emulated bandwidth of each node's network interface (or connection: --link_scope), tc units: 100mbit, 1gbit (bits) or 20mbps (bytes!) "
           "(default: $PSHARD_LINK_RATE, else none)");
 ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
 ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
+ABSL_FLAG(std::string, link_scope, "node",
+          "what shares an emulated link's rate: node (each process on its own emulated node, whose interface all "
+          "its connections share, per direction) or connection (each trainer-server connection its own)");
 ABSL_FLAG(std::string, params, "",
           "plan: a parameter count (7.5e9, 7.5B, 125M) spread over --layers equal layers of width --d_model, "
           "instead of the GPT of --layers, --d_model, --heads");
@@ -142,11 +145,17 @@ absl::StatusOr<std::vector<std::string>> LinkFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--link_", name, "=", text, " is not a duration such as 5ms"));
     }
   }
+  const std::string scope = absl::GetFlag(FLAGS_link_scope);
+  if (scope != "node" && scope != "connection") {
+    return absl::InvalidArgumentError(absl::StrCat("--link_scope=", scope, " is not node or connection"));
+  }
   if (rate.empty() && delay.empty() && jitter.empty()) return std::vector<std::string>();
-  std::printf("pshard: emulated link between every trainer and every server: rate %s, delay %s, jitter %s\n",
-              described->c_str(), delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
+  std::printf("pshard: emulated links: rate %s per %s, delay %s, jitter %s\n", described->c_str(),
+              scope == "node" ? "node interface and direction (every server and trainer on its own node)"
+                              : "trainer-server connection and direction",
+              delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
   return std::vector<std::string>{absl::StrCat("--link_rate=", rate), absl::StrCat("--link_delay=", delay),
-                                  absl::StrCat("--link_jitter=", jitter)};
+                                  absl::StrCat("--link_jitter=", jitter), absl::StrCat("--link_scope=", scope)};
 }
 
 int RunLocal() {
@@ -258,6 +267,7 @@ int RunLocal() {
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
   };
   spec.trainer_flags.insert(spec.trainer_flags.end(), link_flags->begin(), link_flags->end());
+  spec.emulated_links = !link_flags->empty();
   absl::Status s = pshard::RunLocalCluster(spec);
   if (absl::IsCancelled(s)) return 130;
   if (!s.ok()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -155,8 +156,9 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
     return absl::FailedPreconditionError(
         "transport \"ucx\" was asked for but this build has no UCX (configure with -DPSHARD_WITH_UCX=ON)");
   }
-  if (options.transport == "ucx" && options.link.enabled()) {
-    return absl::InvalidArgumentError("link emulation exists on the gRPC transport only; use transport grpc or auto");
+  if (options.link_scope != "node" && options.link_scope != "connection") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown link scope \"", options.link_scope, "\"; expected node or connection"));
   }
   std::unique_ptr<ShardClient> client(new ShardClient(options));
   const int n = static_cast<int>(options.server_addresses.size());
@@ -246,7 +248,7 @@ absl::Status ShardClient::CreateTransports() {
     strict |= preferred == "ucx";
     wants_ucx |= preferred != "grpc" && !shard->ucx_address.empty();
   }
-  if (wants_ucx && !options_.link.enabled()) {
+  if (wants_ucx) {
     absl::StatusOr<std::unique_ptr<UcxContext>> ucx = UcxContext::Create();
     if (ucx.ok()) {
       ucx_ = std::move(*ucx);
@@ -278,6 +280,7 @@ absl::Status ShardClient::CreateTransports() {
       absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(spec);
       if (transport.ok()) {
         shard.transport = std::move(*transport);
+        RETURN_IF_ERROR(EmulateLink(static_cast<int>(s)));
         continue;
       }
       if (preferred == "ucx") return transport.status();
@@ -289,12 +292,54 @@ absl::Status ShardClient::CreateTransports() {
     spec.channel = shard.channel;
     spec.shard = static_cast<int>(s);
     spec.address = shard.address;
-    spec.link = options_.link;
-    spec.timer = &timer_;
     spec.rpc_timeout = options_.rpc_timeout;
     spec.chunk_bytes = options_.chunk_bytes;
     shard.transport = std::make_unique<GrpcTransport>(spec);
+    RETURN_IF_ERROR(EmulateLink(static_cast<int>(s)));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<LinkBucket>> ShardClient::NodeBucket(const std::string& node, int slot) {
+  const std::string key = absl::StrCat(node, "/", slot);
+  if (auto it = node_buckets_.find(key); it != node_buckets_.end()) return it->second;
+  std::shared_ptr<LinkBucket> bucket;
+  if (!options_.link_dir.empty()) {
+    ASSIGN_OR_RETURN(bucket, LinkBucket::Shared(absl::StrCat(options_.link_dir, "/", node, ".link"), slot));
+  } else if (node == TrainerNode()) {
+    bucket = LinkBucket::InProcess();
+  }
+  node_buckets_[key] = bucket;
+  return bucket;
+}
+
+std::string ShardClient::TrainerNode() const {
+  return options_.node.empty() ? absl::StrCat("trainer-", options_.trainer_rank) : options_.node;
+}
+
+absl::Status ShardClient::EmulateLink(int s) {
+  if (!options_.link.enabled()) return absl::OkStatus();
+  Shard& shard = *shards_[s];
+  auto named = options_.node_by_address.find(shard.address);
+  const std::string server_node =
+      named != options_.node_by_address.end() ? named->second : absl::StrCat("server-", s);
+  const std::string trainer_node = TrainerNode();
+  if (server_node == trainer_node) return absl::OkStatus();  // on the node: no network between them
+  LinkPath path;
+  if (options_.link_scope == "connection") {
+    path.down.push_back(LinkBucket::InProcess());
+    path.up.push_back(LinkBucket::InProcess());
+  } else {
+    // Slot 0 of a node's file is what it sends, slot 1 what it receives.
+    for (const auto& [node, slot, list] : {std::tuple{server_node, 0, &path.down}, std::tuple{trainer_node, 1, &path.down},
+                                           std::tuple{trainer_node, 0, &path.up}, std::tuple{server_node, 1, &path.up}}) {
+      ASSIGN_OR_RETURN(std::shared_ptr<LinkBucket> bucket, NodeBucket(node, slot));
+      if (bucket != nullptr) list->push_back(std::move(bucket));
+    }
+  }
+  const uint64_t seed = (static_cast<uint64_t>(options_.trainer_rank + 1) << 32) | static_cast<uint64_t>(s);
+  shard.transport = std::make_unique<EmulatedTransport>(std::move(shard.transport), options_.link, std::move(path),
+                                                         &timer_, seed);
   return absl::OkStatus();
 }
 

@@ -97,11 +97,24 @@ class ShardClient {
     absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
     int64_t chunk_bytes = 1 << 20;                   ///< push chunk size
     LinkSpec link;  ///< emulated link to every server (default: none)
+    /// How the emulated link's rate is shared: "node" (one bucket per node
+    /// and direction, shared by every connection of the node, as a VM's
+    /// network interface is) or "connection" (each connection its own).
+    std::string link_scope = "node";
+    /// The folder of the job's bucket files, shared by its processes
+    /// (LinkBucket::Shared). Empty: this trainer's buckets live in this
+    /// process, and the servers' interfaces are not shaped.
+    std::string link_dir;
+    /// This trainer's node and each server's node by address (emulation
+    /// only; a server on this trainer's node is reached unshaped). Default:
+    /// "trainer-<rank>" and "server-<shard>", every process on its own node.
+    std::string node;
+    std::map<std::string, std::string> node_by_address;
     std::string metrics_address;  ///< this trainer's /metrics endpoint, told to the servers
     /// Data path of each link: "grpc"; "ucx" (every server must offer UCX,
     /// this build must have it, and UCX must start, or Connect fails); or
-    /// "auto": UCX to each server that offers it when this build has UCX and
-    /// the link is not emulated, gRPC otherwise. If UCX cannot start here,
+    /// "auto": UCX to each server that offers it when this build has UCX,
+    /// gRPC otherwise. If UCX cannot start here,
     /// "auto" warns once on stderr and uses gRPC for every link.
     std::string transport = "auto";
     /// Per-server overrides of `transport`, keyed by address (a route plan).
@@ -169,6 +182,13 @@ class ShardClient {
   /// Picks and creates each shard's data path (after every join).
   absl::Status CreateTransports();
   std::string PreferredTransport(const std::string& address) const;
+  /// Wraps shard `s`'s transport in the emulated link (when there is one)
+  /// between this trainer's node and the server's.
+  absl::Status EmulateLink(int s);
+  /// A node's bucket for what it sends (slot 0) or receives (slot 1); null
+  /// for another node's without a shared folder.
+  absl::StatusOr<std::shared_ptr<LinkBucket>> NodeBucket(const std::string& node, int slot);
+  std::string TrainerNode() const;
 
   Options options_;
   std::unique_ptr<UcxContext> ucx_;  // null without UCX links; outlives shards_
@@ -181,6 +201,7 @@ class ShardClient {
   // empty until the unit's first quantized push).
   mutable absl::Mutex residual_mu_;
   std::vector<std::vector<float>> residuals_ ABSL_GUARDED_BY(residual_mu_);
+  std::map<std::string, std::shared_ptr<LinkBucket>> node_buckets_;  // "node/slot"; while creating transports
   DeadlineTimer timer_;  // delivers emulated-link delays
 };
 

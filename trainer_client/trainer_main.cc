@@ -80,8 +80,14 @@ ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)")
 ABSL_FLAG(int, blas_threads, 1, "BLAS threads for this trainer");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(120), "deadline of every fetch and push");
 ABSL_FLAG(std::string, link_rate, "",
-          "emulated bandwidth of each trainer-server link, e.g. 100mbit (default: $PSHARD_LINK_RATE, else none)");
+          "emulated bandwidth of each node interface (or connection: --link_scope), e.g. 100mbit (default: $PSHARD_LINK_RATE, else none)");
 ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
+ABSL_FLAG(std::string, link_scope, "node",
+          "what shares the emulated rate: node (this trainer's node interface, and each server node's, per "
+          "direction, shared by all their connections) or connection");
+ABSL_FLAG(std::string, link_dir, "",
+          "folder of the emulated nodes' bucket files, shared by the job's trainers (empty: only this trainer's "
+          "node interface is shaped)");
 ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
@@ -162,6 +168,8 @@ int Run() {
     return 2;
   }
   copts.link = *link;
+  copts.link_scope = absl::GetFlag(FLAGS_link_scope);
+  copts.link_dir = absl::GetFlag(FLAGS_link_dir);
   if (const std::string rate = FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"); !rate.empty()) {
     // Parsed above: the description cannot fail. It flags a bytes unit.
     std::fprintf(stderr, "pshard-trainer %d: emulated link rate %s\n", copts.trainer_rank,
@@ -182,7 +190,13 @@ int Run() {
     std::fprintf(stderr, "pshard-trainer: %s\n", plan.status().ToString().c_str());
     return 2;
   }
-  if (topology) copts.transport_by_address = plan->TransportByAddress();
+  if (topology) {
+    copts.transport_by_address = plan->TransportByAddress();
+    copts.node = plan->node;
+    for (const pshard::Topology::Node& node : topology->nodes) {
+      for (const std::string& address : node.servers) copts.node_by_address[address] = node.name;
+    }
+  }
   const std::vector<int>& fabric_group = plan->fabric_group;
   for (size_t i = 1; i < fabric_group.size(); ++i) {
     if (fabric_group[i] != fabric_group[0] + static_cast<int>(i)) {

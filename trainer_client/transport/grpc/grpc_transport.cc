@@ -28,9 +28,9 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
  public:
   FetchPart(grpc::GenericStub* stub, float* dest, TransferDone done, int shard, std::string address,
             const SliceRange& slice, int unit, int64_t version, const WireFormat& format, int trainer,
-            absl::Duration timeout, EmulatedLink* up, EmulatedLink* down, DeadlineTimer* timer)
+            absl::Duration timeout)
       : dest_(dest), done_(std::move(done)), shard_(shard), address_(std::move(address)), slice_(slice),
-        unit_(unit), version_(version), format_(format), down_(down), timer_(timer) {
+        unit_(unit), version_(version), format_(format) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::FetchRequest request;
     request.set_unit(unit);
@@ -39,7 +39,6 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     request.set_quant_block(format.block());
     request.set_trainer_rank(trainer);
     request_ = SerializeMessage(request);
-    request_arrival_ = up->Admit(static_cast<int64_t>(request_.Length()));
     stub->PrepareBidiStreamingCall(&ctx_, MethodName("Fetch"), grpc::StubOptions(), this);
     StartWriteLast(&request_, grpc::WriteOptions());
     StartRead(&frame_);
@@ -58,15 +57,8 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
       ctx_.TryCancel();
       return;
     }
-    // On an emulated link the chunk is usable only once it has "arrived";
-    // reading the next one waits until then (flow control does the rest).
-    arrival_ = down_->Admit(frame_bytes, request_arrival_);
-    if (arrival_ <= absl::Now()) return StartRead(&frame_);
-    AddHold();
-    timer_->Schedule(arrival_, [this] {
-      StartRead(&frame_);
-      RemoveHold();
-    });
+    wire_bytes_ += frame_bytes;
+    StartRead(&frame_);
   }
 
   void OnDone(const grpc::Status& status) override {
@@ -85,13 +77,7 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
                                                         " from ", Where(shard_, address_), ": ",
                                                         result.message()));
     }
-    if (arrival_ > absl::Now()) {
-      timer_->Schedule(arrival_, [done = std::move(done_), result, bytes = wire_bytes_]() mutable {
-        done(std::move(result), bytes);
-      });
-    } else {
-      done_(std::move(result), wire_bytes_);
-    }
+    done_(std::move(result), wire_bytes_);
     delete this;
   }
 
@@ -117,7 +103,6 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     }
     crc_ = DecodeFrameData(format_, data, std::span<float>(dest_ + received_, *count), crc_);
     received_ += static_cast<int64_t>(*count);
-    wire_bytes_ += static_cast<int64_t>(frame_.Length());
     return absl::OkStatus();
   }
 
@@ -129,10 +114,6 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   const int unit_;
   const int64_t version_;
   const WireFormat format_;
-  EmulatedLink* const down_;
-  DeadlineTimer* const timer_;
-  absl::Time request_arrival_;
-  absl::Time arrival_ = absl::InfinitePast();
   grpc::ClientContext ctx_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer frame_;
@@ -149,11 +130,9 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
 class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   PushPart(grpc::GenericStub* stub, TransferDone done, std::shared_ptr<const std::vector<float>> grads, int shard,
-           std::string address, const PushArgs& args, int64_t chunk_bytes, absl::Duration timeout,
-           EmulatedLink* up, EmulatedLink* down, DeadlineTimer* timer)
+           std::string address, const PushArgs& args, int64_t chunk_bytes, absl::Duration timeout)
       : done_(std::move(done)), grads_(std::move(grads)), shard_(shard),
         address_(std::move(address)), slice_(args.slice), unit_(args.unit), step_(args.step), format_(args.format),
-        up_(up), down_(down), timer_(timer),
         chunk_elements_(static_cast<int64_t>(args.format.ElementsPerPiece(static_cast<size_t>(chunk_bytes)))) {
     ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     header_.set_trainer_rank(args.first_rank);
@@ -191,15 +170,7 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
       std::fprintf(stderr, "pshard-trainer: %s: %s\n", Where(shard_, address_).c_str(),
                    response_.detail().c_str());
     }
-    // The response travels back over the emulated link too.
-    const absl::Time arrival = down_->Admit(static_cast<int64_t>(response_frame_.Length()));
-    if (arrival > absl::Now()) {
-      timer_->Schedule(arrival, [done = std::move(done_), result, bytes = wire_bytes_]() mutable {
-        done(std::move(result), bytes);
-      });
-    } else {
-      done_(std::move(result), wire_bytes_);
-    }
+    done_(std::move(result), wire_bytes_);
     delete this;
   }
 
@@ -224,14 +195,7 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     offset_ += count;
     frame_ = MakeFrame(header_, kPushChunkDataField, std::move(data));
     wire_bytes_ += static_cast<int64_t>(frame_.Length());
-    // On an emulated link the chunk reaches the server when it has crossed it.
-    const absl::Time arrival = up_->Admit(static_cast<int64_t>(frame_.Length()));
-    if (arrival <= absl::Now()) return StartWrite(&frame_);
-    AddHold();
-    timer_->Schedule(arrival, [this] {
-      StartWrite(&frame_);
-      RemoveHold();
-    });
+    StartWrite(&frame_);
   }
 
   TransferDone done_;
@@ -242,9 +206,6 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   const int unit_;
   const int64_t step_;
   const WireFormat format_;
-  EmulatedLink* const up_;
-  EmulatedLink* const down_;
-  DeadlineTimer* const timer_;
   const int64_t chunk_elements_;
   grpc::ClientContext ctx_;
   v1::PushChunk header_;  // every field but the data, repeated in each chunk
@@ -260,19 +221,16 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
 }  // namespace
 
 GrpcTransport::GrpcTransport(Spec spec)
-    : spec_(std::move(spec)),
-      generic_(spec_.channel),
-      down_(spec_.link, 2 * static_cast<uint64_t>(spec_.shard)),
-      up_(spec_.link, 2 * static_cast<uint64_t>(spec_.shard) + 1) {}
+    : spec_(std::move(spec)), generic_(spec_.channel) {}
 
 void GrpcTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
   new FetchPart(&generic_, dest, std::move(done), spec_.shard, spec_.address, args.slice, args.unit, args.version,
-                args.format, args.trainer, spec_.rpc_timeout, &up_, &down_, spec_.timer);
+                args.format, args.trainer, spec_.rpc_timeout);
 }
 
 void GrpcTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {
   new PushPart(&generic_, std::move(done), std::move(grads), spec_.shard, spec_.address, args, spec_.chunk_bytes,
-               spec_.rpc_timeout, &up_, &down_, spec_.timer);
+               spec_.rpc_timeout);
 }
 
 }  // namespace pshard

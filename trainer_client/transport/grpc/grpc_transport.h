@@ -1,5 +1,5 @@
 // The gRPC data path: chunked server-streaming fetches and client-streaming
-// pushes, with optional in-process link emulation. Their chunks travel as
+// pushes. Their chunks travel as
 // raw frames (proto/chunk_frame.h) over the channel's generic stub, so the
 // data bytes are moved once on each side.
 #ifndef PSHARD_TRAINER_CLIENT_TRANSPORT_GRPC_GRPC_TRANSPORT_H_
@@ -9,11 +9,9 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "common/deadline_timer.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/shard.grpc.pb.h"
-#include "trainer_client/transport/link/link_emulator.h"
 #include "trainer_client/transport/transport.h"
 
 namespace pshard {
@@ -24,8 +22,6 @@ class GrpcTransport final : public Transport {
     std::shared_ptr<grpc::Channel> channel;  ///< to the shard server
     int shard = 0;
     std::string address;
-    LinkSpec link;                    ///< emulated link (default: none)
-    DeadlineTimer* timer = nullptr;   ///< delivers emulated delays; not owned
     absl::Duration rpc_timeout = absl::Seconds(120);
     int64_t chunk_bytes = 1 << 20;    ///< push chunk size
   };
@@ -38,8 +34,6 @@ class GrpcTransport final : public Transport {
  private:
   const Spec spec_;
   grpc::GenericStub generic_;
-  EmulatedLink down_;  // server -> trainer
-  EmulatedLink up_;    // trainer -> server
 };
 
 }  // namespace pshard
