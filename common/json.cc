@@ -203,8 +203,12 @@ void AppendString(const std::string& s, std::string* out) {
   out->push_back('"');
 }
 
-void Append(const JsonValue& v, int depth, std::string* out) {
-  const std::string indent(2 * (depth + 1), ' '), close(2 * depth, ' ');
+// Writes `v` at nesting `depth`; one_line: no line breaks or indentation.
+void Append(const JsonValue& v, int depth, bool one_line, std::string* out) {
+  const std::string indent = one_line ? "" : std::string(2 * (depth + 1), ' ');
+  const std::string close = one_line ? "" : std::string(2 * depth, ' ');
+  const char* open_break = one_line ? "" : "\n";
+  const char* separator = one_line ? ", " : ",\n";
   if (v.is_null()) {
     out->append("null");
   } else if (v.is_bool()) {
@@ -216,29 +220,35 @@ void Append(const JsonValue& v, int depth, std::string* out) {
     } else if (d == std::trunc(d) && std::fabs(d) < 9.007199254740992e15) {
       absl::StrAppend(out, static_cast<int64_t>(d));
     } else {
-      absl::StrAppend(out, absl::StrFormat("%.17g", d));
+      // The shortest of 15, 16 or 17 digits that reads back as the same double.
+      std::string text;
+      for (int digits = 15; digits <= 17; ++digits) {
+        text = absl::StrFormat("%.*g", digits, d);
+        if (std::strtod(text.c_str(), nullptr) == d) break;
+      }
+      out->append(text);
     }
   } else if (v.is_string()) {
     AppendString(v.as_string(), out);
   } else if (v.is_array()) {
     if (v.as_array().empty()) return out->append("[]"), void();
-    out->append("[\n");
+    absl::StrAppend(out, "[", open_break);
     for (size_t i = 0; i < v.as_array().size(); ++i) {
       out->append(indent);
-      Append(v.as_array()[i], depth + 1, out);
-      out->append(i + 1 < v.as_array().size() ? ",\n" : "\n");
+      Append(v.as_array()[i], depth + 1, one_line, out);
+      out->append(i + 1 < v.as_array().size() ? separator : open_break);
     }
     absl::StrAppend(out, close, "]");
   } else {
     if (v.as_object().empty()) return out->append("{}"), void();
-    out->append("{\n");
+    absl::StrAppend(out, "{", open_break);
     size_t i = 0;
     for (const auto& [key, member] : v.as_object()) {
       out->append(indent);
       AppendString(key, out);
       out->append(": ");
-      Append(member, depth + 1, out);
-      out->append(++i < v.as_object().size() ? ",\n" : "\n");
+      Append(member, depth + 1, one_line, out);
+      out->append(++i < v.as_object().size() ? separator : open_break);
     }
     absl::StrAppend(out, close, "}");
   }
@@ -246,9 +256,9 @@ void Append(const JsonValue& v, int depth, std::string* out) {
 
 }  // namespace
 
-std::string FormatJson(const JsonValue& value) {
+std::string FormatJson(const JsonValue& value, bool one_line) {
   std::string out;
-  Append(value, 0, &out);
+  Append(value, 0, one_line, &out);
   out.push_back('\n');
   return out;
 }

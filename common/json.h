@@ -53,10 +53,11 @@ class JsonValue {
 absl::StatusOr<JsonValue> ParseJson(std::string_view text);
 
 /// Writes `value` as a JSON document that ParseJson reads back to the same
-/// value: objects' members in key order, two spaces per level, numbers
-/// with up to 17 significant digits (integers without a fraction), and
-/// non-finite numbers as null (JSON has none).
-std::string FormatJson(const JsonValue& value);
+/// value: objects' members in key order, two spaces per level (or, with
+/// `one_line`, all on one line: a JSON Lines record), numbers with up to 17
+/// significant digits (integers without a fraction), and non-finite
+/// numbers as null (JSON has none). Ends with a line break.
+std::string FormatJson(const JsonValue& value, bool one_line = false);
 
 }  // namespace pshard
 

@@ -71,10 +71,11 @@ Knee KneeOf(const PlanInput& input, const StepBytes& bytes, int64_t padded_param
   Knee knee;
   knee.bytes_per_parameter =
       static_cast<double>(std::max(bytes.fetched, bytes.pushed)) / static_cast<double>(padded_parameters);
+  const double flops = input.device_flops * input.mfu;
   if (input.slow.bytes_per_second > 0) {
-    knee.tokens_per_step =
-        input.device_flops * input.mfu / input.slow.bytes_per_second * knee.bytes_per_parameter / 6.0;
+    knee.tokens_per_step = flops / input.slow.bytes_per_second * knee.bytes_per_parameter / 6.0;
   }
+  knee.rate_bytes_per_second = flops * knee.bytes_per_parameter / (6.0 * static_cast<double>(input.tokens_per_step()));
   return knee;
 }
 

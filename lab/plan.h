@@ -131,6 +131,9 @@ struct StepTime {
 struct Knee {
   double bytes_per_parameter = 0;  ///< per step, the busier direction
   double tokens_per_step = 0;      ///< per trainer; 0 on an unlimited link
+  /// The same knee as a slow-link rate: above it, this job's tokens per
+  /// step are enough for compute to hide the link.
+  double rate_bytes_per_second = 0;
 };
 
 /// What one lever alone would change.

@@ -198,6 +198,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);
     if (!link_dir_flag.empty()) argv.push_back(link_dir_flag);
+    const std::string step_log = absl::StrCat(spec.run_dir, "/trainer", r, ".steps.jsonl");
+    std::remove(step_log.c_str());  // an earlier run's in this folder
+    argv.push_back(absl::StrCat("--step_log=", step_log));
     if (r != 0) argv.push_back("--log_every=0");
     logs.push_back(absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());

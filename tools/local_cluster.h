@@ -43,7 +43,8 @@ std::string LocalPrometheusConfig(const std::vector<std::string>& server_targets
                                   const std::vector<std::string>& trainer_targets);
 
 /// Runs the job to completion. Every server and trainer writes to its log
-/// in run_dir (serverS.log, trainerR.log); trainer 0's log is also copied
+/// in run_dir (serverS.log, trainerR.log), and every trainer a JSON line per
+/// step to trainerR.steps.jsonl (--step_log); trainer 0's log is also copied
 /// to this process's output as it grows. Returns an error
 /// naming the process that failed (with the tail of its log).
 absl::Status RunLocalCluster(const LocalClusterSpec& spec);

@@ -2,6 +2,8 @@
 //   pshard local [flags]   train on a local cluster of N servers and M trainers
 //   pshard status --servers=host:port,...   one table of a running job
 //   pshard plan [flags]    memory, bytes and step time of a job, predicted
+//   pshard sweep --flag=v1,v2 ...   a grid of local jobs, measured and predicted
+//   pshard plot results.csv   the figures of a sweep
 #include <unistd.h>
 
 #include <climits>
@@ -23,8 +25,12 @@
 #include "lab/plan.h"
 #include "lab/plan_flags.h"
 #include "lab/plan_report.h"
+#include "lab/sweep.h"
+#include "common/status_macros.h"
+#include "trainer_client/peak_flops.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
+#include "tools/sweep.h"
 #include "common/wire_encoding.h"
 #include "common/levers.h"
 
@@ -107,6 +113,12 @@ ABSL_FLAG(double, mfu, 0.5, "plan: the model FLOPs utilisation the trainers achi
 ABSL_FLAG(double, optimizer_state_bytes, 12,
           "plan: optimizer state bytes per parameter for the ZeRO comparison (K; Adam with an fp32 master: 12)");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
+ABSL_FLAG(std::string, out, "sweep", "sweep: the results folder (results.json, results.csv, points/, figures)");
+ABSL_FLAG(int, skip_steps, 3, "sweep: warm-up steps of each point, not measured");
+ABSL_FLAG(int, measure_steps, 5, "sweep: steps measured per point after the warm-up");
+ABSL_FLAG(bool, calibrate, true,
+          "sweep: find the MFU the planner assumes from an unshaped run of the first point (false: --mfu)");
+ABSL_FLAG(bool, plot, false, "sweep: draw the figures when done (as pshard plot does)");
 ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
@@ -307,6 +319,109 @@ int RunPlan() {
   return 0;
 }
 
+// The flags `pshard sweep` reads itself; every other flag given is an axis
+// of its grid.
+const std::vector<std::string>& SweepOwnFlags() {
+  static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "calibrate", "plot",
+                                               "device_flops", "mfu", "fabric_rate", "fabric_delay"};
+  return own;
+}
+
+// The plan of a sweep point: its flags set in the registry for the time
+// of reading them, then put back.
+absl::StatusOr<pshard::Plan> PlanPoint(const pshard::SweepPoint& point, double device_flops, double mfu) {
+  std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved;
+  auto restore = [&saved] {
+    std::string ignored;
+    for (auto& [flag, value] : saved) flag->ParseFrom(value, &ignored);
+  };
+  for (const auto& [name, value] : point.flags) {
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) {
+      restore();
+      return absl::InvalidArgumentError(absl::StrCat("pshard has no flag --", name));
+    }
+    saved.emplace_back(flag, flag->CurrentValue());
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      restore();
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": ", error));
+    }
+  }
+  absl::StatusOr<pshard::FlagValues> values = CurrentFlagValues(pshard::PlanFlagNames());
+  restore();
+  if (!values.ok()) return values.status();
+  (*values)["device_flops"] = absl::StrCat(device_flops);
+  (*values)["mfu"] = absl::StrCat(mfu);
+  ASSIGN_OR_RETURN(pshard::PlanInput input, pshard::PlanInputFromFlags(*values));
+  return pshard::MakePlan(input);
+}
+
+int RunSweep(const std::vector<std::string>& grid_args) {
+  const std::vector<std::pair<std::string, std::string>> reserved = {
+      {"steps", "each point runs --skip_steps + --measure_steps steps"},
+      {"log_every", "the sweep reads the trainers' step logs"},
+      {"run_dir", "each point runs in OUT/points/N"},
+      {"metrics_port_base", "points take any free ports"},
+      {"bin_dir", "points run this build's binaries"},
+      {"timeout", "it is pshard status's"},
+      {"params", "it is pshard plan's: a sweep runs the GPT of --layers, --d_model, --heads"},
+      {"json", "it is pshard plan's"},
+      {"optimizer_state_bytes", "it is pshard plan's"}};
+  auto is_local_flag = [](const std::string& name) { return absl::FindCommandLineFlag(name) != nullptr; };
+  absl::StatusOr<std::vector<pshard::SweepAxis>> axes = pshard::ParseGrid(grid_args, is_local_flag, reserved);
+  if (!axes.ok()) {
+    std::fprintf(stderr, "pshard sweep: %s\n", std::string(axes.status().message()).c_str());
+    return 2;
+  }
+  pshard::SweepSpec spec;
+  spec.axes = std::move(*axes);
+  spec.out_dir = absl::GetFlag(FLAGS_out);
+  spec.pshard_bin = SelfDir() + "/pshard";
+  spec.skip_steps = absl::GetFlag(FLAGS_skip_steps);
+  spec.measure_steps = absl::GetFlag(FLAGS_measure_steps);
+  spec.calibrate = absl::GetFlag(FLAGS_calibrate);
+  spec.mfu = absl::GetFlag(FLAGS_mfu);
+  spec.plot = absl::GetFlag(FLAGS_plot);
+  spec.plot_script = SelfDir() + "/pshard-plot.py";
+  // Measured once for the whole sweep.
+  if (const std::string flops = absl::GetFlag(FLAGS_device_flops); flops == "auto") {
+    spec.device_flops = pshard::MeasureSgemmFlops();
+  } else if (!absl::SimpleAtod(flops, &spec.device_flops) || !(spec.device_flops > 0)) {
+    std::fprintf(stderr, "pshard sweep: --device_flops=%s is not a FLOP rate or auto\n", flops.c_str());
+    return 2;
+  }
+  spec.plan = PlanPoint;
+  absl::Status s = pshard::RunSweep(spec);
+  if (absl::IsCancelled(s)) {
+    std::fprintf(stderr, "pshard sweep: %s; run the same command again to resume\n", std::string(s.message()).c_str());
+    return 130;
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "pshard sweep: %s\n", std::string(s.message()).c_str());
+    return absl::IsInvalidArgument(s) ? 2 : 1;
+  }
+  return 0;
+}
+
+int RunPlot(const std::vector<char*>& args) {
+  if (args.size() != 3) {
+    std::fprintf(stderr, "pshard plot: give one results.csv (pshard plot OUT/results.csv [--out=DIR])\n");
+    return 2;
+  }
+  const std::string csv = args[2];
+  std::string out = absl::GetFlag(FLAGS_out);
+  if (out == "sweep") out = std::string(csv.substr(0, csv.rfind('/') == std::string::npos ? 0 : csv.rfind('/')));
+  if (out.empty()) out = ".";
+  absl::StatusOr<std::vector<std::string>> figures = pshard::PlotSweep(SelfDir() + "/pshard-plot.py", csv, out);
+  if (!figures.ok()) {
+    std::fprintf(stderr, "pshard plot: %s\n", std::string(figures.status().message()).c_str());
+    return 1;
+  }
+  for (const std::string& f : *figures) std::printf("%s\n", f.c_str());
+  return 0;
+}
+
 // Prints the job's table; exits 1 when a server or trainer did not answer.
 int RunStatus() {
   std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
@@ -344,8 +459,25 @@ int main(int argc, char** argv) {
       "  status  --servers=host:port,...: steps, memory and waits of the shard servers, speed and loss of "
       "the trainers\n"
       "  plan    the memory, bytes per step and step time a job would have (the flags of local, and --params, "
-      "--fabric_rate, --device_flops, --mfu, --json)");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+      "--fabric_rate, --device_flops, --mfu, --json)\n"
+      "  sweep   a grid of local jobs: flags of local given as lists (--link_rate=1gbit,100mbit --prefetch=1,2), "
+      "each measured beside the plan's prediction, into --out (resumable; --plot for figures)\n"
+      "  plot    OUT/results.csv: a sweep's figures");
+  // A sweep's grid flags hold lists that their own types would refuse:
+  // they are taken out before the flags are parsed.
+  std::vector<std::string> grid_args;
+  std::vector<char*> own_argv;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool sweep = argc > 1 && std::string(argv[1]) == "sweep";
+    const std::string name = arg.rfind("--", 0) == 0 ? arg.substr(2, arg.find('=') - 2) : std::string();
+    if (sweep && i > 1 && !name.empty() && !absl::c_linear_search(SweepOwnFlags(), name) && name != "help") {
+      grid_args.push_back(arg);
+    } else {
+      own_argv.push_back(argv[i]);
+    }
+  }
+  std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(own_argv.size()), own_argv.data());
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
     return 2;
@@ -354,6 +486,14 @@ int main(int argc, char** argv) {
   if (command == "local") return RunLocal();
   if (command == "status") return RunStatus();
   if (command == "plan") return RunPlan();
+  if (command == "sweep") {
+    if (args.size() != 2) {
+      std::fprintf(stderr, "pshard sweep: unexpected argument '%s' (flags only: --flag=v1,v2,...)\n", args[2]);
+      return 2;
+    }
+    return RunSweep(grid_args);
+  }
+  if (command == "plot") return RunPlot(args);
   std::fprintf(stderr, "pshard: unknown command '%s'\n%s\n", command.c_str(), absl::ProgramUsageMessage().data());
   return 2;
 }

@@ -5,9 +5,12 @@
 #include <cblas.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,6 +80,8 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
 ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
 ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)");
+ABSL_FLAG(std::string, step_log, "",
+          "append one JSON line per step to this file: times, bytes, loss (empty: none)");
 ABSL_FLAG(int, blas_threads, 1, "BLAS threads for this trainer");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(120), "deadline of every fetch and push");
 ABSL_FLAG(std::string, link_rate, "",
@@ -372,6 +377,15 @@ int Run() {
   int64_t wire_fetched = 0;   // all steps, on the wire to and from the servers
   int64_t wire_pushed = 0;
   int64_t fabric_bytes = 0;   // received from the fabric group, all steps
+  std::unique_ptr<FILE, int (*)(FILE*)> step_log(nullptr, &std::fclose);
+  if (const std::string path = absl::GetFlag(FLAGS_step_log); !path.empty()) {
+    step_log.reset(std::fopen(path.c_str(), "a"));
+    if (step_log == nullptr) {
+      std::fprintf(stderr, "pshard-trainer %d: cannot open --step_log=%s: %s\n", rank, path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+  }
   for (int64_t step = first; step < steps && !stop; ++step) {
     absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
     if (!r.ok()) {
@@ -386,6 +400,11 @@ int Run() {
     wire_pushed += r->bytes_pushed;
     fabric_bytes += r->fabric_gathered + r->fabric_reduced;
     metrics.RecordStep(*r);
+    if (step_log != nullptr) {
+      const std::string line = pshard::StepLogLine(rank, *r);
+      std::fputs(line.c_str(), step_log.get());
+      std::fflush(step_log.get());
+    }
     recent_losses.push_back(r->loss);
     if (recent_losses.size() > 10) recent_losses.pop_front();
     for (pshard::StepTimes* t : {&window, &total}) {

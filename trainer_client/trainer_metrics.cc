@@ -1,5 +1,7 @@
 #include "trainer_client/trainer_metrics.h"
 
+#include "common/json.h"
+
 #include "absl/strings/str_cat.h"
 #include "pshard/config.h"
 
@@ -172,6 +174,28 @@ HostMemory HostMemoryOf(const TrainerOptions& options, std::span<const UnitParti
 HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client) {
   return HostMemoryOf(options, client.layout().partitions,
                       client.options().error_feedback && client.options().encodings.grad_format().quantized());
+}
+
+std::string StepLogLine(int rank, const StepReport& r) {
+  auto n = [](double v) { return JsonValue::Number(v); };
+  auto s = [](absl::Duration d) { return JsonValue::Number(absl::ToDoubleSeconds(d)); };
+  return FormatJson(JsonValue::MakeObject({{"rank", n(rank)},
+                                           {"step", n(static_cast<double>(r.step))},
+                                           {"loss", n(r.loss)},
+                                           {"tokens", n(static_cast<double>(r.tokens))},
+                                           {"wall_seconds", s(r.times.wall)},
+                                           {"compute_seconds", s(r.times.compute)},
+                                           {"comm_exposed_seconds", s(r.times.comm_exposed)},
+                                           {"comm_busy_seconds", s(r.times.comm_busy)},
+                                           {"data_seconds", s(r.times.data)},
+                                           {"other_seconds", s(r.times.other)},
+                                           {"bytes_fetched", n(static_cast<double>(r.bytes_fetched))},
+                                           {"bytes_pushed", n(static_cast<double>(r.bytes_pushed))},
+                                           {"payload_fetched", n(static_cast<double>(r.payload_fetched))},
+                                           {"payload_pushed", n(static_cast<double>(r.payload_pushed))},
+                                           {"fabric_gathered", n(static_cast<double>(r.fabric_gathered))},
+                                           {"fabric_reduced", n(static_cast<double>(r.fabric_reduced))}}),
+                    /*one_line=*/true);
 }
 
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model) {

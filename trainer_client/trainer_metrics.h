@@ -38,6 +38,12 @@ struct HostMemory {
 HostMemory HostMemoryOf(const TrainerOptions& options, std::span<const UnitPartition> units, bool residuals);
 HostMemory HostMemoryOf(const TrainerOptions& options, const ShardClient& client);
 
+/// One step's report as a JSON Lines record (`--step_log`): the step, its
+/// loss and tokens, times in seconds (wall, compute, comm_exposed,
+/// comm_busy, data, other) and bytes (wire and payload, fetched and pushed;
+/// fabric gathered and reduced). Ends with a line break.
+std::string StepLogLine(int rank, const StepReport& report);
+
 /// The settings of a trainer that runs `model` with `options` over `client`.
 TrainerSettings SettingsOf(const TrainerOptions& options, const ShardClient& client, const UnitModel& model);
 

@@ -54,6 +54,11 @@ TEST(JsonTest, WritesWhatItReadsBack) {
   EXPECT_EQ(back->Find("o")->Find("z")->Find("k")->as_number(), 123456789012.0);
   EXPECT_NE(text.find("\"k\": 123456789012\n"), std::string::npos) << text;
   EXPECT_EQ(FormatJson(JsonValue::Number(std::nan(""))), "null\n");
+  const std::string line = FormatJson(*v, /*one_line=*/true);
+  EXPECT_EQ(line.find('\n'), line.size() - 1) << line;
+  auto from_line = ParseJson(line);
+  ASSERT_TRUE(from_line.ok()) << from_line.status();
+  EXPECT_EQ(FormatJson(*from_line), text);
 }
 
 TEST(JsonTest, RefusesDeepNesting) {

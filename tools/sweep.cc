@@ -1,0 +1,234 @@
+#include "tools/sweep.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/signals.h"
+#include "common/status_macros.h"
+#include "tools/process.h"
+
+namespace pshard {
+namespace {
+
+std::atomic<int> g_stop{0};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string LastLines(const std::string& path, size_t n) {
+  std::vector<std::string> lines = absl::StrSplit(ReadAll(path), '\n');
+  const size_t first = lines.size() > n ? lines.size() - n : 0;
+  std::string out;
+  for (size_t i = first; i < lines.size(); ++i) absl::StrAppend(&out, lines[i], "\n");
+  return out;
+}
+
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", error.message()));
+  return absl::OkStatus();
+}
+
+std::string Clock(absl::Duration d) {
+  const int64_t s = absl::ToInt64Seconds(d);
+  return s >= 3600 ? absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60) : absl::StrFormat("%dm%02ds", s / 60, s % 60);
+}
+
+std::string Bar(size_t done, size_t total) {
+  const size_t width = 20, filled = total == 0 ? width : done * width / total;
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "]");
+}
+
+// The point's flags with the link emulation removed: the calibration run.
+SweepPoint Unshaped(const SweepPoint& p) {
+  SweepPoint q;
+  for (const auto& flag : p.flags) {
+    if (flag.first != "link_rate" && flag.first != "link_delay" && flag.first != "link_jitter") q.flags.push_back(flag);
+  }
+  for (const char* f : {"link_rate", "link_delay", "link_jitter"}) q.flags.emplace_back(f, "");
+  return q;
+}
+
+// Runs one point's job in `run_dir` and measures it.
+absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoint& point, int trainers,
+                                          const std::string& run_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(run_dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", run_dir, ": ", error.message()));
+  const std::string log = run_dir + "/launcher.log";
+  std::remove(log.c_str());
+  std::vector<std::string> argv = {spec.pshard_bin, "local"};
+  for (std::string& a : point.Args()) argv.push_back(std::move(a));
+  for (std::string a : {absl::StrCat("--steps=", spec.skip_steps + spec.measure_steps), std::string("--log_every=0"),
+                        std::string("--metrics_port_base=0"), absl::StrCat("--run_dir=", run_dir)}) {
+    argv.push_back(std::move(a));
+  }
+  ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, log));
+  std::optional<int> code;
+  while (!(code = child.WaitUntil(absl::Now() + absl::Milliseconds(200)))) {
+    if (g_stop != 0) {
+      child.Signal(SIGINT);  // pshard local stops its servers and trainers
+      child.WaitUntil(absl::Now() + absl::Seconds(30));
+      return absl::CancelledError(absl::StrCat("interrupted while running ", point.Key()));
+    }
+  }
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat("pshard local ", point.Key(), " exited with code ", *code, " (", log,
+                                            "):\n", LastLines(log, 8)));
+  }
+  std::vector<std::string> logs;
+  for (int r = 0; r < trainers; ++r) logs.push_back(absl::StrCat(run_dir, "/trainer", r, ".steps.jsonl"));
+  return MeasureStepLogs(logs, spec.skip_steps);
+}
+
+SweepResult ResultOf(const SweepPoint& point, const PointMeasurement& measured, const Plan& plan) {
+  SweepResult r;
+  r.point = point;
+  r.measured = measured;
+  r.predicted = plan.time;
+  r.predicted_bytes = plan.bytes;
+  r.link_bytes_per_second = plan.input.slow.bytes_per_second;
+  r.knee_bytes_per_second = plan.knee.rate_bytes_per_second;
+  return r;
+}
+
+absl::Status WriteResults(const SweepSpec& spec, const SweepResults& results) {
+  RETURN_IF_ERROR(WriteAtomically(spec.out_dir + "/results.json", FormatJson(SweepResultsToJson(results))));
+  return WriteAtomically(spec.out_dir + "/results.csv", SweepResultsToCsv(results));
+}
+
+}  // namespace
+
+absl::Status RunSweep(const SweepSpec& spec) {
+  if (spec.skip_steps < 0 || spec.measure_steps < 1) {
+    return absl::InvalidArgumentError("a point needs --skip_steps >= 0 and --measure_steps >= 1");
+  }
+  const std::vector<SweepPoint> points = GridPoints(spec.axes);
+  // Every point's flags are checked (by planning it) before anything runs.
+  std::vector<Plan> plans;
+  for (const SweepPoint& p : points) {
+    absl::StatusOr<Plan> plan = spec.plan(p, spec.device_flops, spec.mfu);
+    if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(p.Key(), ": ", plan.status().message()));
+    plans.push_back(std::move(*plan));
+  }
+  std::error_code error;
+  std::filesystem::create_directories(spec.out_dir + "/points", error);
+  if (error) return absl::InvalidArgumentError(absl::StrCat("cannot create ", spec.out_dir, ": ", error.message()));
+  CallOnTerminationSignal([](int signo) { g_stop = signo; });
+
+  SweepResults results;
+  const std::string json_path = spec.out_dir + "/results.json";
+  if (std::filesystem::exists(json_path)) {
+    absl::StatusOr<JsonValue> json = ParseJson(ReadAll(json_path));
+    if (!json.ok()) return absl::DataLossError(absl::StrCat(json_path, ": ", json.status().message()));
+    ASSIGN_OR_RETURN(results, SweepResultsFromJson(*json));
+    std::fprintf(stderr, "pshard sweep: resuming: %zu points in %s already; device %.4g GFLOP/s, MFU %.3f (%s)\n",
+                 results.results.size(), json_path.c_str(), results.device_flops / 1e9, results.mfu,
+                 results.calibration.c_str());
+  } else {
+    results.device_flops = spec.device_flops;
+    results.mfu = spec.mfu;
+    results.calibration = "MFU as given (--mfu)";
+    if (spec.calibrate) {
+      // The first point without link emulation: what the device achieves.
+      const SweepPoint unshaped = Unshaped(points[0]);
+      std::fprintf(stderr, "pshard sweep: calibrating the device on an unshaped run of %s\n", points[0].Key().c_str());
+      ASSIGN_OR_RETURN(const Plan at_peak, spec.plan(unshaped, spec.device_flops, 1.0));
+      ASSIGN_OR_RETURN(const PointMeasurement measured,
+                       RunPoint(spec, unshaped, at_peak.input.trainers, spec.out_dir + "/points/calibration"));
+      if (!(measured.compute_seconds > 0) || !(at_peak.time.compute > 0)) {
+        return absl::InternalError("the calibration run measured no compute time");
+      }
+      results.mfu = std::min(1.0, at_peak.time.compute / measured.compute_seconds);
+      results.calibration = absl::StrFormat("MFU from an unshaped run of the first point: %.1f ms of compute per step",
+                                            measured.compute_seconds * 1e3);
+      std::fprintf(stderr, "pshard sweep: %s: MFU %.3f of %.4g GFLOP/s\n", results.calibration.c_str(), results.mfu,
+                   results.device_flops / 1e9);
+    }
+    RETURN_IF_ERROR(WriteResults(spec, results));
+  }
+
+  const absl::Time start = absl::Now();
+  size_t ran = 0, remaining = 0;
+  for (const SweepPoint& p : points) remaining += results.Find(p.Key()) == nullptr ? 1 : 0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    const SweepPoint& point = points[i];
+    if (results.Find(point.Key()) != nullptr) continue;
+    const absl::Duration elapsed = absl::Now() - start;
+    const std::string eta = ran == 0 ? std::string("?") : Clock(elapsed / static_cast<double>(ran) *
+                                                                 static_cast<double>(remaining - ran));
+    std::fprintf(stderr, "%s %zu/%zu | elapsed %s | ETA %s | %s\n", Bar(i, points.size()).c_str(), i + 1,
+                 points.size(), Clock(elapsed).c_str(), eta.c_str(), point.Key().c_str());
+    ASSIGN_OR_RETURN(const Plan plan, spec.plan(point, results.device_flops, results.mfu));
+    ASSIGN_OR_RETURN(const PointMeasurement measured,
+                     RunPoint(spec, point, plan.input.trainers, absl::StrCat(spec.out_dir, "/points/", i)));
+    results.results.push_back(ResultOf(point, measured, plan));
+    RETURN_IF_ERROR(WriteResults(spec, results));
+    ++ran;
+    std::fprintf(stderr, "  step %.1f ms (predicted %.1f ms, %+.1f%%), exposed %.1f ms (predicted %.1f ms)\n",
+                 measured.step_seconds * 1e3, plan.time.step * 1e3,
+                 100.0 * (plan.time.step / measured.step_seconds - 1), measured.exposed_seconds * 1e3,
+                 plan.time.exposed * 1e3);
+  }
+  std::fprintf(stderr, "%s %zu/%zu | elapsed %s | done: %s/results.csv\n", Bar(points.size(), points.size()).c_str(),
+               points.size(), points.size(), Clock(absl::Now() - start).c_str(), spec.out_dir.c_str());
+  if (spec.plot) {
+    ASSIGN_OR_RETURN(const std::vector<std::string> figures,
+                     PlotSweep(spec.plot_script, spec.out_dir + "/results.csv", spec.out_dir));
+    for (const std::string& f : figures) std::fprintf(stderr, "pshard sweep: figure %s\n", f.c_str());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> PlotSweep(const std::string& plot_script, const std::string& csv,
+                                                   const std::string& out_dir) {
+  if (!std::filesystem::exists(csv)) return absl::NotFoundError(absl::StrCat("no results file ", csv));
+  if (!std::filesystem::exists(plot_script)) {
+    return absl::NotFoundError(absl::StrCat("the plotting script ", plot_script, " is missing (build pshard)"));
+  }
+  const std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string log = out_dir + "/plot.log";
+  std::remove(log.c_str());
+  ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn({python, plot_script, csv, out_dir}, log));
+  std::optional<int> code = child.WaitUntil(absl::Now() + absl::Minutes(5));
+  if (!code) {
+    child.Signal(SIGKILL);
+    return absl::DeadlineExceededError(absl::StrCat("plotting ", csv, " took over 5 minutes (", log, ")"));
+  }
+  const std::string output = ReadAll(log);
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat("plotting ", csv, " failed (code ", *code, "; python3-matplotlib is ",
+                                            "tools/setup.sh's to install):\n", output));
+  }
+  std::vector<std::string> figures;
+  for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
+    if (absl::EndsWith(line, ".png")) figures.emplace_back(line);
+  }
+  if (figures.empty()) return absl::InternalError(absl::StrCat("plotting ", csv, " drew no figure:\n", output));
+  return figures;
+}
+
+}  // namespace pshard

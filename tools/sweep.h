@@ -1,0 +1,49 @@
+// `pshard sweep`: runs a grid of `pshard local` jobs, one after the other,
+// each for a few steps after warm-up, and writes what each measured beside
+// what the planner predicts (OUT/results.json, OUT/results.csv); figures
+// with --plot. A sweep started again with the same OUT skips the points
+// results.json already has.
+#ifndef PSHARD_TOOLS_SWEEP_H_
+#define PSHARD_TOOLS_SWEEP_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "lab/plan.h"
+#include "lab/sweep.h"
+
+namespace pshard {
+
+struct SweepSpec {
+  std::vector<SweepAxis> axes;
+  std::string out_dir;
+  std::string pshard_bin;  ///< the pshard executable that runs `local`
+  int skip_steps = 3;      ///< warm-up steps of each point, not measured
+  int measure_steps = 5;   ///< steps measured after them
+  /// Find the MFU the planner assumes from an unshaped run of the first
+  /// point (its compute time), instead of `mfu`.
+  bool calibrate = true;
+  double device_flops = 0;
+  double mfu = 0;
+  /// The plan of a point's flags with the given device FLOP/s and MFU.
+  std::function<absl::StatusOr<Plan>(const SweepPoint&, double device_flops, double mfu)> plan;
+  bool plot = false;
+  std::string plot_script;  ///< tools/plot_sweep.py as built next to pshard
+};
+
+/// Runs the grid (see above); returns an error naming the point that
+/// failed, or Cancelled on SIGINT/SIGTERM (the running point is stopped;
+/// finished points stay in the results).
+absl::Status RunSweep(const SweepSpec& spec);
+
+/// Draws OUT's figures from a results.csv with matplotlib (Debian's
+/// python3-matplotlib at /usr/bin/python3); returns the PNG paths.
+absl::StatusOr<std::vector<std::string>> PlotSweep(const std::string& plot_script, const std::string& csv,
+                                                   const std::string& out_dir);
+
+}  // namespace pshard
+
+#endif  // PSHARD_TOOLS_SWEEP_H_
