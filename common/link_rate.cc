@@ -72,4 +72,10 @@ absl::StatusOr<std::string> DescribeLinkRate(const std::string& raw) {
   return out;
 }
 
+int64_t EthernetBytes(int64_t payload) {
+  constexpr int64_t kSegment = 1448, kFrameOverhead = 66;
+  if (payload <= 0) return 0;
+  return payload + kFrameOverhead * ((payload + kSegment - 1) / kSegment);
+}
+
 }  // namespace pshard

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/link_rate.h"
 #include "common/status_macros.h"
 #include "lab/step_model.h"
 #include "trainer_client/model/gpt_layout.h"
@@ -127,6 +128,11 @@ std::vector<std::pair<std::string, PlanInput>> LeverVariants(const PlanInput& in
 }
 
 }  // namespace
+
+double LinkModel::Seconds(double bytes) const {
+  if (!(bytes_per_second > 0)) return 0.0;
+  return static_cast<double>(EthernetBytes(static_cast<int64_t>(std::ceil(bytes)))) / bytes_per_second;
+}
 
 absl::Status PlanInput::Validate() const {
   RETURN_IF_ERROR(shape.Validate());

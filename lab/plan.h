@@ -23,8 +23,9 @@ namespace pshard {
 struct LinkModel {
   double bytes_per_second = 0.0;  ///< 0: unlimited
   absl::Duration latency;
-  /// Seconds that `bytes` take to pass the link's rate (0 when unlimited).
-  double Seconds(double bytes) const { return bytes_per_second > 0 ? bytes / bytes_per_second : 0.0; }
+  /// Seconds that `bytes` of a TCP stream take to pass the link's rate, in
+  /// Ethernet frames (EthernetBytes; 0 when unlimited).
+  double Seconds(double bytes) const;
 };
 
 /// What is trained, and how.

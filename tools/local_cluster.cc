@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/signals.h"
 #include "common/status_macros.h"
+#include "tools/kernel_links.h"
 #include "tools/process.h"
 
 namespace pshard {
@@ -130,6 +132,13 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create run folder ", spec.run_dir, ": ", error.message()));
   }
   CallOnTerminationSignal([](int signo) { g_signal = signo; });
+  std::unique_ptr<KernelLinks> kernel;  // outlives every process below
+  if (spec.link_mode == "kernel") {
+    ASSIGN_OR_RETURN(kernel, KernelLinks::Create(spec.num_trainers, spec.kernel_rate, spec.run_dir + "/kernel_links.log"));
+    std::printf("pshard: kernel links: %s\n", kernel->ToString().c_str());
+  } else if (!spec.link_mode.empty() && spec.link_mode != "emulated") {
+    return absl::InvalidArgumentError(absl::StrCat("link mode \"", spec.link_mode, "\" is not emulated or kernel"));
+  }
   const std::string server_bin = spec.bin_dir + "/pshard-server";
   const std::string trainer_bin = spec.bin_dir + "/pshard-trainer";
   std::vector<ChildProcess> servers, trainers;
@@ -148,7 +157,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                      absl::StrCat("--shard_index=", s),
                                      absl::StrCat("--num_shards=", spec.num_servers),
                                      absl::StrCat("--num_trainers=", spec.num_trainers),
-                                     "--address=127.0.0.1:0",
+                                     kernel ? "--address=0.0.0.0:0" : "--address=127.0.0.1:0",
                                      absl::StrCat("--metrics_address=", MetricsAddress(spec.metrics_port_base, s)),
                                      absl::StrCat("--port_file=", port_file)};
     if (s > 0) argv.push_back(absl::StrCat("--coordinator=", addresses[0]));
@@ -194,6 +203,17 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     const std::string metrics = MetricsAddress(spec.metrics_port_base, 100 + r);
     std::vector<std::string> argv = {trainer_bin, absl::StrCat("--servers=", absl::StrJoin(addresses, ",")),
                                      absl::StrCat("--rank=", r), absl::StrCat("--metrics_address=", metrics)};
+    if (kernel) {
+      // Over its shaped link to the host, where the servers listen.
+      std::vector<std::string> over_link;
+      for (const std::string& a : addresses) over_link.push_back(kernel->HostAddressFor(r) + a.substr(a.rfind(':')));
+      argv = kernel->ExecIn(r);
+      for (std::string a : {trainer_bin, absl::StrCat("--servers=", absl::StrJoin(over_link, ",")),
+                            absl::StrCat("--rank=", r), absl::StrCat("--metrics_address=", metrics),
+                            std::string("--transport=grpc")}) {
+        argv.push_back(std::move(a));
+      }
+    }
     if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);

@@ -30,6 +30,12 @@ struct LocalClusterSpec {
   /// --link_delay): their nodes' buckets go to run_dir/links, shared by
   /// every trainer (--link_dir).
   bool emulated_links = false;
+  /// "kernel": each trainer runs in its own network namespace behind a veth
+  /// pair that tc tbf shapes to `kernel_rate` (tools/kernel_links.h);
+  /// trainers then reach the servers over gRPC on those links. "" or
+  /// "emulated": loopback (with whatever emulation trainer_flags ask for).
+  std::string link_mode;
+  std::string kernel_rate;
 };
 
 /// A topology file with every server and every trainer on its own node

@@ -99,6 +99,9 @@ ABSL_FLAG(std::string, link_rate, "",
           "(default: $PSHARD_LINK_RATE, else none)");
 ABSL_FLAG(std::string, link_delay, "", "emulated one-way latency, e.g. 5ms (default: $PSHARD_LINK_DELAY)");
 ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PSHARD_LINK_JITTER)");
+ABSL_FLAG(std::string, link_mode, "emulated",
+          "emulated: links emulated in the trainers' processes over loopback; kernel: each trainer in its own "
+          "network namespace behind a veth pair shaped by tc tbf to --link_rate (root; rate only, no delay)");
 ABSL_FLAG(std::string, link_scope, "node",
           "what shares an emulated link's rate: node (each process on its own emulated node, whose interface all "
           "its connections share, per direction) or connection (each trainer-server connection its own)");
@@ -162,10 +165,12 @@ absl::StatusOr<std::vector<std::string>> LinkFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--link_scope=", scope, " is not node or connection"));
   }
   if (rate.empty() && delay.empty() && jitter.empty()) return std::vector<std::string>();
-  std::printf("pshard: emulated links: rate %s per %s, delay %s, jitter %s\n", described->c_str(),
+  if (absl::GetFlag(FLAGS_link_mode) == "emulated") {
+    std::printf("pshard: emulated links: rate %s per %s, delay %s, jitter %s\n", described->c_str(),
               scope == "node" ? "node interface and direction (every server and trainer on its own node)"
                               : "trainer-server connection and direction",
-              delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
+                delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
+  }
   return std::vector<std::string>{absl::StrCat("--link_rate=", rate), absl::StrCat("--link_delay=", delay),
                                   absl::StrCat("--link_jitter=", jitter), absl::StrCat("--link_scope=", scope)};
 }
@@ -278,8 +283,25 @@ int RunLocal() {
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
   };
-  spec.trainer_flags.insert(spec.trainer_flags.end(), link_flags->begin(), link_flags->end());
-  spec.emulated_links = !link_flags->empty();
+  spec.link_mode = absl::GetFlag(FLAGS_link_mode);
+  if (spec.link_mode == "kernel") {
+    // The kernel shapes the rate; there is nothing left to emulate.
+    const std::string rate = FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE");
+    if (rate.empty() || !FlagOrEnv(absl::GetFlag(FLAGS_link_delay), "PSHARD_LINK_DELAY").empty() ||
+        !FlagOrEnv(absl::GetFlag(FLAGS_link_jitter), "PSHARD_LINK_JITTER").empty() || spec.fabric_group_size > 1) {
+      std::fprintf(stderr,
+                   "pshard local: --link_mode=kernel shapes a --link_rate and nothing else: no --link_delay or "
+                   "--link_jitter (this tc has no netem) and no fabric groups\n");
+      return 2;
+    }
+    spec.kernel_rate = rate;
+  } else if (spec.link_mode == "emulated") {
+    spec.trainer_flags.insert(spec.trainer_flags.end(), link_flags->begin(), link_flags->end());
+    spec.emulated_links = !link_flags->empty();
+  } else {
+    std::fprintf(stderr, "pshard local: --link_mode=%s is not emulated or kernel\n", spec.link_mode.c_str());
+    return 2;
+  }
   absl::Status s = pshard::RunLocalCluster(spec);
   if (absl::IsCancelled(s)) return 130;
   if (!s.ok()) {

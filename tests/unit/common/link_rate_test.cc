@@ -42,5 +42,14 @@ TEST(LinkRate, FlagsABytesRateAsEightTimesTheBits) {
   EXPECT_FALSE(DescribeLinkRate("50 furlongs").ok());
 }
 
+TEST(EthernetBytesTest, EverySegmentCarriesItsHeaders) {
+  EXPECT_EQ(EthernetBytes(0), 0);
+  EXPECT_EQ(EthernetBytes(1), 67);
+  EXPECT_EQ(EthernetBytes(1448), 1514);  // one full frame at a 1500-byte MTU
+  EXPECT_EQ(EthernetBytes(1449), 1449 + 2 * 66);
+  // A large message: 1514 / 1448 of its payload.
+  EXPECT_NEAR(static_cast<double>(EthernetBytes(1448 * 1000)) / (1448 * 1000), 1514.0 / 1448, 1e-12);
+}
+
 }  // namespace
 }  // namespace pshard

@@ -118,7 +118,8 @@ TEST(PlanTest, BadFlagsAreNamed) {
 }
 
 // One trainer, one server, 3 units of 1,000 fp32 parameters (4,000 bytes
-// each way), 1 ms each way at 4 MB/s (1 ms per unit), no prefetch, and a
+// each way: three TCP segments, 4,198 bytes of Ethernet frames), 1 ms each
+// way at 4.198 MB/s (1 ms per unit), no prefetch, and a
 // device so slow that each unit's forward takes 1 ms and backward 2 ms.
 PlanInput HandCase() {
   PlanInput in;
@@ -132,7 +133,7 @@ PlanInput HandCase() {
   in.prefetch = 0;
   in.encodings = WireEncodings(WireEncoding::kFp32);
   in.slice_alignment = 8;
-  in.slow.bytes_per_second = 4e6;
+  in.slow.bytes_per_second = 4.198e6;
   in.slow.latency = absl::Milliseconds(1);
   // 6 FLOPs per parameter and token, plus 12 for attention: 6,012 per unit.
   in.device_flops = 6012.0 / 3e-3;

@@ -108,7 +108,9 @@ absl::Time EmulatedTransport::Arrival(const std::vector<std::shared_ptr<LinkBuck
                                       int64_t bytes) {
   absl::Time through = ready;
   if (spec_.bytes_per_second > 0) {
-    const absl::Duration transmission = absl::Seconds(static_cast<double>(bytes) / spec_.bytes_per_second);
+    // The interface's rate counts frames: the message's TCP segments and their headers.
+    const absl::Duration transmission =
+        absl::Seconds(static_cast<double>(EthernetBytes(bytes)) / spec_.bytes_per_second);
     for (const auto& bucket : path) through = std::max(through, bucket->Pass(ready, transmission));
   }
   absl::Duration jitter;
