@@ -154,6 +154,9 @@ absl::Status PlanInput::Validate() const {
                                                    " keeps a secondary shard within a fabric group of that size: "
                                                    "give --fabric_group_size=", reshard.group));
   }
+  if (paired && group > 1) {
+    return absl::InvalidArgumentError("--placement=paired takes no fabric groups (--fabric_group_size=1)");
+  }
   if (fetch_once_per_step && micro_batches > 1 && !accumulate_on_trainer) {
     return absl::InvalidArgumentError("--fetch_once_per_step needs --accumulate_on_trainer");
   }

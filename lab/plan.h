@@ -54,6 +54,10 @@ struct PlanInput {
   WireEncodings encodings{WireEncoding::kBf16};
   bool error_feedback = false;  ///< with quantized gradients
   int64_t slice_alignment = kSliceAlignment;
+  /// Trainer R on one node with server R (`--placement=paired`): its own
+  /// server's slice does not cross the network, and the node's interface
+  /// carries both. Otherwise every server and trainer has its own node.
+  bool paired = false;
 
   LinkModel slow;    ///< each trainer's (and server's) network interface, per direction
   LinkModel fabric;  ///< between members of a fabric group

@@ -68,7 +68,7 @@ const std::vector<std::string>& PlanFlagNames() {
       "accumulate_on_trainer", "fetch_once_per_step", "recompute", "prefetch", "stage",
       "reshard_after_forward", "encoding", "weight_encoding", "grad_encoding", "quant_block",
       "error_feedback", "layers", "d_model", "heads", "context", "params", "link_rate", "link_delay",
-      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes"};
+      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement"};
   return names;
 }
 
@@ -135,6 +135,11 @@ absl::StatusOr<PlanInput> PlanInputFromFlags(const FlagValues& flags) {
     in.gpt = false;
     in.shape.context = std::max(in.shape.context, in.seq_len);
   }
+  ASSIGN_OR_RETURN(const std::string placement, read.Text("placement"));
+  if (placement != "separate" && placement != "paired") {
+    return absl::InvalidArgumentError(absl::StrCat("--placement=", placement, " is not separate or paired"));
+  }
+  in.paired = placement == "paired";
   ASSIGN_OR_RETURN(in.slow, read.Link("link_rate", "link_delay"));
   ASSIGN_OR_RETURN(in.fabric, read.Link("fabric_rate", "fabric_delay"));
   ASSIGN_OR_RETURN(const std::string device_flops, read.Text("device_flops"));

@@ -42,13 +42,16 @@ class StepSimulation {
  public:
   StepSimulation(const PlanInput& input, std::span<const UnitPartition> units)
       : in_(input), units_(units), members_(std::max(1, input.group)),
-        trainer_down_(members_), trainer_up_(members_), server_down_(input.servers), server_up_(input.servers) {
+        node_out_(input.servers + input.trainers), node_in_(input.servers + input.trainers) {
     for (int m = 0; m < members_; ++m) {
       shards_.push_back(members_ > 1 ? MemberShards(input.servers, members_, m) : AllShards());
     }
     // Every trainer runs this schedule at once: a server's slice goes to
-    // each trainer that fetches it, one member of every group.
-    fetchers_per_server_ = std::max(1, input.trainers / members_);
+    // each trainer that fetches it, one member of every group, but not
+    // over the network to the trainer on its own node.
+    for (int s = 0; s < input.servers; ++s) {
+      fetchers_.push_back(std::max(1, input.trainers / members_) - (Paired(s) ? 1 : 0));
+    }
     flops_ = UnitFlops(input);
     recompute_flops_ = UnitRecomputeFlops(input);
     flops_per_second_ = input.device_flops * input.mfu;
@@ -79,6 +82,30 @@ class StepSimulation {
     return all;
   }
 
+  // Nodes: server s on node s; trainer r on node r with server r when
+  // paired, else on node N + r. Member m of the simulated group is rank m.
+  bool Paired(int s) const { return in_.paired && s < in_.trainers; }
+  int TrainerNode(int rank) const { return in_.paired && rank < in_.servers ? rank : in_.servers + rank; }
+
+  // Bytes of the slices of `unit` that trainer `rank` exchanges with other
+  // nodes, in `format`.
+  double RemoteBytes(int unit, int rank, const WireFormat& format) const {
+    double bytes = 0;
+    for (int s : shards_[rank % members_]) {
+      if (s != TrainerNode(rank)) bytes += static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
+    }
+    return bytes;
+  }
+
+  // The other paired nodes' trainers move what this group's do, at the same
+  // moment, through their nodes' interfaces (which their servers share).
+  void LoadOtherPairedNodes(double t, int unit, const WireFormat& format, std::vector<Bucket>& interfaces) {
+    if (!in_.paired) return;
+    for (int k = members_; k < std::min(in_.servers, in_.trainers); ++k) {
+      interfaces[k].Pass(t, RemoteBytes(unit, k, format), in_.slow);
+    }
+  }
+
   double Compute(double flops) {
     const double seconds = flops_per_second_ > 0 ? flops / flops_per_second_ : 0.0;
     compute_ += seconds;
@@ -101,15 +128,15 @@ class StepSimulation {
     double ready = t;
     for (int m = 0; m < members_; ++m) {
       double through = t + latency;  // the request reaches the servers
-      double mine = 0;
       for (int s : shards_[m]) {
+        if (s == TrainerNode(m)) continue;  // its own node's server
         const double bytes = static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
-        mine += bytes;
-        through = std::max(through, server_down_[s].Pass(t + latency, fetchers_per_server_ * bytes, in_.slow));
+        through = std::max(through, node_out_[s].Pass(t + latency, fetchers_[s] * bytes, in_.slow));
       }
-      through = std::max(through, trainer_down_[m].Pass(t + latency, mine, in_.slow));
+      through = std::max(through, node_in_[TrainerNode(m)].Pass(t + latency, RemoteBytes(unit, m, format), in_.slow));
       ready = std::max(ready, through + latency);
     }
+    LoadOtherPairedNodes(t + latency, unit, format, node_in_);
     busy_.Add(t, ready);
     fetch_ready_.push_back(ready);
   }
@@ -132,15 +159,16 @@ class StepSimulation {
     const WireFormat format = in_.encodings.grad_format();
     double acked = t_;
     for (int m = 0; m < members_; ++m) {
-      double through = t_, mine = 0;
+      double through = t_;
       for (int s : shards_[m]) {
+        if (s == TrainerNode(m)) continue;
         const double bytes = static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
-        mine += bytes;
-        through = std::max(through, server_up_[s].Pass(t_, fetchers_per_server_ * bytes, in_.slow));
+        through = std::max(through, node_in_[s].Pass(t_, fetchers_[s] * bytes, in_.slow));
       }
-      through = std::max(through, trainer_up_[m].Pass(t_, mine, in_.slow));
+      through = std::max(through, node_out_[TrainerNode(m)].Pass(t_, RemoteBytes(unit, m, format), in_.slow));
       acked = std::max(acked, through + 2 * latency);  // arrives, and the answer comes back
     }
+    LoadOtherPairedNodes(t_, unit, format, node_out_);
     busy_.Add(t_, acked);
     last_ack_ = std::max(last_ack_, acked);
   }
@@ -183,11 +211,10 @@ class StepSimulation {
   const std::span<const UnitPartition> units_;
   const int members_;
   std::vector<std::vector<int>> shards_;  // per member
-  int fetchers_per_server_ = 1;
+  std::vector<int> fetchers_;  // per server: the trainers its slice goes to over the network
   std::vector<double> flops_, recompute_flops_;
   double flops_per_second_ = 0;
-  std::vector<Bucket> trainer_down_, trainer_up_;  // per member
-  std::vector<Bucket> server_down_, server_up_;    // per server
+  std::vector<Bucket> node_out_, node_in_;  // per node: its interface, each way
   std::vector<double> fetch_ready_;  // per schedule position of the pass
   size_t issued_ = 0;
   double t_ = 0, compute_ = 0, last_ack_ = 0;

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -84,15 +85,24 @@ std::string Quoted(const std::vector<std::string>& targets) {
 
 }  // namespace
 
-std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size) {
+std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size,
+                          bool paired) {
   std::vector<std::string> nodes, groups;
-  for (size_t s = 0; s < server_addresses.size(); ++s) {
-    nodes.push_back(absl::StrCat("{\"name\": \"server-", s, "\", \"servers\": [\"", server_addresses[s], "\"]}"));
+  const int servers = static_cast<int>(server_addresses.size());
+  for (int i = 0; i < std::max(servers, num_trainers); ++i) {
+    const bool server = i < servers, trainer = i < num_trainers;
+    if (paired) {
+      nodes.push_back(absl::StrCat("{\"name\": \"node-", i, "\"",
+                                   server ? absl::StrCat(", \"servers\": [\"", server_addresses[i], "\"]") : "",
+                                   trainer ? absl::StrCat(", \"trainers\": [", i, "]") : "", "}"));
+      continue;
+    }
+    if (server) {
+      nodes.push_back(absl::StrCat("{\"name\": \"server-", i, "\", \"servers\": [\"", server_addresses[i], "\"]}"));
+    }
+    if (trainer) nodes.push_back(absl::StrCat("{\"name\": \"trainer-", i, "\", \"trainers\": [", i, "]}"));
   }
-  for (int r = 0; r < num_trainers; ++r) {
-    nodes.push_back(absl::StrCat("{\"name\": \"trainer-", r, "\", \"trainers\": [", r, "]}"));
-  }
-  for (int first = 0; first < num_trainers; first += group_size) {
+  for (int first = 0; first < num_trainers && group_size > 1; first += group_size) {
     std::vector<std::string> members;
     for (int r = first; r < first + group_size; ++r) members.push_back(absl::StrCat(r));
     groups.push_back(absl::StrCat("[", absl::StrJoin(members, ", "), "]"));
@@ -121,6 +131,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   if (spec.num_servers < 1 || spec.num_trainers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("need at least one server and one trainer, got ",
                                                    spec.num_servers, " and ", spec.num_trainers));
+  }
+  if (spec.paired && (spec.fabric_group_size > 1 || spec.link_mode == "kernel")) {
+    return absl::InvalidArgumentError("paired placement takes neither fabric groups nor the kernel link mode");
   }
   if (spec.fabric_group_size < 1 || spec.num_trainers % spec.fabric_group_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("fabric groups of ", spec.fabric_group_size,
@@ -182,9 +195,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   };
 
   std::string topology_flag;
-  if (spec.fabric_group_size > 1) {
+  if (spec.fabric_group_size > 1 || spec.paired) {
     const std::string path = spec.run_dir + "/topology.json";
-    std::ofstream(path) << LocalTopology(addresses, spec.num_trainers, spec.fabric_group_size);
+    std::ofstream(path) << LocalTopology(addresses, spec.num_trainers, spec.fabric_group_size, spec.paired);
     topology_flag = absl::StrCat("--topology=", path);
   }
   std::string link_dir_flag;

@@ -26,6 +26,10 @@ struct LocalClusterSpec {
   /// Trainers in fabric groups of this many consecutive ranks (1: none):
   /// a topology file saying so goes to run_dir and to every trainer.
   int fabric_group_size = 1;
+  /// Trainer R shares a node with server R (LocalTopology): its own
+  /// server's slice does not cross the network, and the node's interface
+  /// carries both processes' traffic. Not with fabric groups.
+  bool paired = false;
   /// The trainers emulate slow links (trainer_flags has --link_rate or
   /// --link_delay): their nodes' buckets go to run_dir/links, shared by
   /// every trainer (--link_dir).
@@ -39,9 +43,12 @@ struct LocalClusterSpec {
 };
 
 /// A topology file with every server and every trainer on its own node
-/// ("server-S", "trainer-R", the nodes the link emulation shapes), and
-/// fabric groups of `group_size` consecutive ranks.
-std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size);
+/// ("server-S", "trainer-R", the nodes the link emulation shapes) or, with
+/// `paired`, trainer R on node "node-R" with server R (the nodes past the
+/// shorter list hold one process each), and fabric groups of `group_size`
+/// consecutive ranks.
+std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size,
+                          bool paired = false);
 
 /// A Prometheus scrape config for the given /metrics endpoints (jobs
 /// pshard-server and pshard-trainer, 1 s scrape interval).

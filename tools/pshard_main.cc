@@ -102,6 +102,9 @@ ABSL_FLAG(std::string, link_jitter, "", "emulated jitter, e.g. 1ms (default: $PS
 ABSL_FLAG(std::string, link_mode, "emulated",
           "emulated: links emulated in the trainers' processes over loopback; kernel: each trainer in its own "
           "network namespace behind a veth pair shaped by tc tbf to --link_rate (root; rate only, no delay)");
+ABSL_FLAG(std::string, placement, "separate",
+          "emulated nodes: separate (every server and trainer on its own node) or paired (trainer R on a node with "
+          "server R, as one server and one trainer per machine)");
 ABSL_FLAG(std::string, link_scope, "node",
           "what shares an emulated link's rate: node (each process on its own emulated node, whose interface all "
           "its connections share, per direction) or connection (each trainer-server connection its own)");
@@ -283,6 +286,12 @@ int RunLocal() {
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
   };
+  if (const std::string placement = absl::GetFlag(FLAGS_placement); placement == "paired") {
+    spec.paired = true;
+  } else if (placement != "separate") {
+    std::fprintf(stderr, "pshard local: --placement=%s is not separate or paired\n", placement.c_str());
+    return 2;
+  }
   spec.link_mode = absl::GetFlag(FLAGS_link_mode);
   if (spec.link_mode == "kernel") {
     // The kernel shapes the rate; there is nothing left to emulate.

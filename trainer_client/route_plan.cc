@@ -7,7 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/json.h"
+#include "common/link_rate.h"
 #include "common/status_macros.h"
 
 namespace pshard {
@@ -111,6 +113,15 @@ absl::StatusOr<Topology> Topology::Parse(std::string_view json) {
       ASSIGN_OR_RETURN(link.transport, StringField(l, "transport", false));
       if (!link.transport.empty() && !Known(link.transport, {"auto", "grpc", "ucx"})) {
         return Invalid(absl::StrCat("link transport \"", link.transport, "\" (expected auto, grpc or ucx)"));
+      }
+      ASSIGN_OR_RETURN(link.rate, StringField(l, "rate", false));
+      if (absl::StatusOr<double> r = ParseLinkRate(link.rate); !r.ok()) {
+        return Invalid(absl::StrCat("link ", link.a, "-", link.b, ": ", r.status().message()));
+      }
+      ASSIGN_OR_RETURN(link.delay, StringField(l, "delay", false));
+      if (absl::Duration d; !link.delay.empty() && (!absl::ParseDuration(link.delay, &d) || d < absl::ZeroDuration())) {
+        return Invalid(absl::StrCat("link ", link.a, "-", link.b, ": delay \"", link.delay,
+                                    "\" is not a duration such as 5ms"));
       }
       t.links.push_back(std::move(link));
     }

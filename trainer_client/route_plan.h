@@ -6,9 +6,12 @@
 // Topology file (JSON):
 //   {"nodes": [{"name": "a", "servers": ["10.0.0.1:7000"], "trainers": [0, 1]}, ...],
 //    "fabric_groups": [[0, 1]],
-//    "links": [{"between": ["a", "b"], "kind": "ethernet", "transport": "grpc"}]}
+//    "links": [{"between": ["a", "b"], "kind": "ethernet", "transport": "grpc",
+//               "rate": "10gbit", "delay": "1ms"}]}
 // kinds: ethernet, rdma, infiniband, nvlink; transport (optional): grpc,
-// ucx or auto. Without a file: UCX to every server where this build has it
+// ucx or auto; rate and delay (optional, tc units and durations): the link
+// that trainers emulate between the two nodes, in place of --link_rate and
+// --link_delay. Without a file: UCX to every server where this build has it
 // (UCX itself picks shared memory on the same host, tcp or RDMA elsewhere),
 // else gRPC.
 #ifndef PSHARD_TRAINER_CLIENT_ROUTE_PLAN_H_
@@ -33,6 +36,8 @@ struct Topology {
     std::string a, b;       ///< node names
     std::string kind;       ///< ethernet, rdma, infiniband, nvlink
     std::string transport;  ///< "", "auto", "grpc" or "ucx"
+    std::string rate;       ///< emulated rate ("" when not given)
+    std::string delay;      ///< emulated one-way delay ("" when not given)
   };
   std::vector<Node> nodes;
   std::vector<std::vector<int>> fabric_groups;

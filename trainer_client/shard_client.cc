@@ -300,16 +300,16 @@ absl::Status ShardClient::CreateTransports() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<LinkBucket>> ShardClient::NodeBucket(const std::string& node, int slot) {
-  const std::string key = absl::StrCat(node, "/", slot);
-  if (auto it = node_buckets_.find(key); it != node_buckets_.end()) return it->second;
+absl::StatusOr<std::shared_ptr<LinkBucket>> ShardClient::Bucket(const std::string& name, int slot, bool local) {
+  const std::string key = absl::StrCat(name, "/", slot);
+  if (auto it = buckets_.find(key); it != buckets_.end()) return it->second;
   std::shared_ptr<LinkBucket> bucket;
   if (!options_.link_dir.empty()) {
-    ASSIGN_OR_RETURN(bucket, LinkBucket::Shared(absl::StrCat(options_.link_dir, "/", node, ".link"), slot));
-  } else if (node == TrainerNode()) {
+    ASSIGN_OR_RETURN(bucket, LinkBucket::Shared(absl::StrCat(options_.link_dir, "/", name, ".link"), slot));
+  } else if (local) {
     bucket = LinkBucket::InProcess();
   }
-  node_buckets_[key] = bucket;
+  buckets_[key] = bucket;
   return bucket;
 }
 
@@ -318,28 +318,39 @@ std::string ShardClient::TrainerNode() const {
 }
 
 absl::Status ShardClient::EmulateLink(int s) {
-  if (!options_.link.enabled()) return absl::OkStatus();
   Shard& shard = *shards_[s];
   auto named = options_.node_by_address.find(shard.address);
   const std::string server_node =
       named != options_.node_by_address.end() ? named->second : absl::StrCat("server-", s);
   const std::string trainer_node = TrainerNode();
   if (server_node == trainer_node) return absl::OkStatus();  // on the node: no network between them
+  auto own_link = options_.link_to_node.find(server_node);
+  const LinkSpec& spec = own_link != options_.link_to_node.end() ? own_link->second : options_.link;
+  if (!spec.enabled()) return absl::OkStatus();
+  using Slot = std::tuple<std::string, int, bool, std::vector<std::shared_ptr<LinkBucket>>*>;
   LinkPath path;
+  std::vector<Slot> slots;
   if (options_.link_scope == "connection") {
     path.down.push_back(LinkBucket::InProcess());
     path.up.push_back(LinkBucket::InProcess());
+  } else if (own_link != options_.link_to_node.end()) {
+    // The node pair's own link, named in sorted order.
+    const bool trainer_first = trainer_node < server_node;
+    const std::string pair = trainer_first ? absl::StrCat(trainer_node, "~", server_node)
+                                           : absl::StrCat(server_node, "~", trainer_node);
+    slots = {Slot{pair, trainer_first ? 1 : 0, true, &path.down}, Slot{pair, trainer_first ? 0 : 1, true, &path.up}};
   } else {
-    // Slot 0 of a node's file is what it sends, slot 1 what it receives.
-    for (const auto& [node, slot, list] : {std::tuple{server_node, 0, &path.down}, std::tuple{trainer_node, 1, &path.down},
-                                           std::tuple{trainer_node, 0, &path.up}, std::tuple{server_node, 1, &path.up}}) {
-      ASSIGN_OR_RETURN(std::shared_ptr<LinkBucket> bucket, NodeBucket(node, slot));
-      if (bucket != nullptr) list->push_back(std::move(bucket));
-    }
+    // Each node's interface: slot 0 what it sends, slot 1 what it receives.
+    slots = {Slot{server_node, 0, false, &path.down}, Slot{trainer_node, 1, true, &path.down},
+             Slot{trainer_node, 0, true, &path.up}, Slot{server_node, 1, false, &path.up}};
+  }
+  for (const auto& [name, slot, local, list] : slots) {
+    ASSIGN_OR_RETURN(std::shared_ptr<LinkBucket> bucket, Bucket(name, slot, local));
+    if (bucket != nullptr) list->push_back(std::move(bucket));
   }
   const uint64_t seed = (static_cast<uint64_t>(options_.trainer_rank + 1) << 32) | static_cast<uint64_t>(s);
-  shard.transport = std::make_unique<EmulatedTransport>(std::move(shard.transport), options_.link, std::move(path),
-                                                         &timer_, seed);
+  shard.transport = std::make_unique<EmulatedTransport>(std::move(shard.transport), spec, std::move(path), &timer_,
+                                                         seed);
   return absl::OkStatus();
 }
 

@@ -110,6 +110,10 @@ class ShardClient {
     /// "trainer-<rank>" and "server-<shard>", every process on its own node.
     std::string node;
     std::map<std::string, std::string> node_by_address;
+    /// The emulated link to a server on this node (a topology's link with
+    /// a rate or delay), in place of `link`: its own buckets, shared by the
+    /// node pair's connections, one per direction.
+    std::map<std::string, LinkSpec> link_to_node;
     std::string metrics_address;  ///< this trainer's /metrics endpoint, told to the servers
     /// Data path of each link: "grpc"; "ucx" (every server must offer UCX,
     /// this build must have it, and UCX must start, or Connect fails); or
@@ -185,9 +189,11 @@ class ShardClient {
   /// Wraps shard `s`'s transport in the emulated link (when there is one)
   /// between this trainer's node and the server's.
   absl::Status EmulateLink(int s);
-  /// A node's bucket for what it sends (slot 0) or receives (slot 1); null
-  /// for another node's without a shared folder.
-  absl::StatusOr<std::shared_ptr<LinkBucket>> NodeBucket(const std::string& node, int slot);
+  /// Slot `slot` of the bucket file `name`: a node's (slot 0 what it
+  /// sends, 1 what it receives) or a node pair's (slot 0 from the first
+  /// name to the second). Without a shared folder, `local` buckets live in
+  /// this process and the rest are null.
+  absl::StatusOr<std::shared_ptr<LinkBucket>> Bucket(const std::string& name, int slot, bool local);
   std::string TrainerNode() const;
 
   Options options_;
@@ -201,7 +207,7 @@ class ShardClient {
   // empty until the unit's first quantized push).
   mutable absl::Mutex residual_mu_;
   std::vector<std::vector<float>> residuals_ ABSL_GUARDED_BY(residual_mu_);
-  std::map<std::string, std::shared_ptr<LinkBucket>> node_buckets_;  // "node/slot"; while creating transports
+  std::map<std::string, std::shared_ptr<LinkBucket>> buckets_;  // "name/slot"; while creating transports
   DeadlineTimer timer_;  // delivers emulated-link delays
 };
 

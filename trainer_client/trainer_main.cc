@@ -201,6 +201,17 @@ int Run() {
     for (const pshard::Topology::Node& node : topology->nodes) {
       for (const std::string& address : node.servers) copts.node_by_address[address] = node.name;
     }
+    for (const pshard::Topology::Link& l : topology->links) {
+      if ((l.a != plan->node && l.b != plan->node) || (l.rate.empty() && l.delay.empty())) continue;
+      absl::StatusOr<pshard::LinkSpec> own =
+          pshard::LinkSpec::Parse(l.rate, l.delay, FlagOrEnv(absl::GetFlag(FLAGS_link_jitter), "PSHARD_LINK_JITTER"));
+      if (!own.ok()) {
+        std::fprintf(stderr, "pshard-trainer: topology link %s-%s: %s\n", l.a.c_str(), l.b.c_str(),
+                     std::string(own.status().message()).c_str());
+        return 2;
+      }
+      copts.link_to_node[l.a == plan->node ? l.b : l.a] = *own;
+    }
   }
   const std::vector<int>& fabric_group = plan->fabric_group;
   for (size_t i = 1; i < fabric_group.size(); ++i) {

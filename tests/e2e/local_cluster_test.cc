@@ -265,6 +265,32 @@ TEST(LocalClusterE2E, LinkFlagsAreTakenAndARateInBytesIsFlagged) {
 TEST(LocalClusterE2E, ABadLinkRateIsRefusedBeforeStarting) {
   ExpectRefused({"--servers=2", "--trainers=1", "--link_rate=fast"}, 2, "link rate 'fast' is not a number");
   ExpectRefused({"--servers=2", "--trainers=1", "--link_delay=soon"}, 2, "--link_delay=soon is not a duration");
+  ExpectRefused({"--servers=2", "--trainers=1", "--link_scope=wire"}, 2, "--link_scope=wire is not node or connection");
+  ExpectRefused({"--servers=2", "--trainers=1", "--placement=rack"}, 2, "--placement=rack is not separate or paired");
+}
+
+// Paired placement: trainer R and server R on one emulated node, whose
+// interface both share (one bucket file per node), the rest alone.
+TEST(LocalClusterE2E, PairedPlacementPutsEachTrainerOnANodeWithAServer) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=3", "--trainers=2", "--steps=2", "--layers=1", "--d_model=32",
+                                       "--heads=2", "--context=16", "--seq_len=16", "--log_every=1",
+                                       "--link_rate=100mbit", "--placement=paired"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(3));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << out;
+  EXPECT_EQ(*code, 0) << out;
+  const std::vector<std::string> addresses = LocalServerAddresses(run_dir, 3);
+  ASSERT_EQ(addresses.size(), 3u);
+  const std::string topology = ReadFile(run_dir + "/topology.json");
+  EXPECT_NE(topology.find("\"node-0\", \"servers\": [\"" + addresses[0] + "\"], \"trainers\": [0]"),
+            std::string::npos)
+      << topology;
+  EXPECT_NE(topology.find("\"node-2\", \"servers\": [\"" + addresses[2] + "\"]}"), std::string::npos) << topology;
+  for (const char* node : {"node-0", "node-1", "node-2"}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(run_dir, "/links/", node, ".link"))) << node;
+  }
 }
 
 // Steps of shard `shard` of `num_shards` whose checkpoint is in `dir`.

@@ -27,7 +27,7 @@ FlagValues DefaultFlags() {
           {"d_model", "128"},      {"heads", "4"},             {"context", "64"},
           {"params", ""},          {"link_rate", ""},          {"link_delay", ""},
           {"fabric_rate", ""},     {"fabric_delay", ""},       {"device_flops", "1e11"},
-          {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}};
+          {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}, {"placement", "separate"}};
 }
 
 absl::StatusOr<Plan> PlanOf(FlagValues flags) {
@@ -211,6 +211,26 @@ TEST(PlanTest, TheKneeIsWhereComputeCatchesUpWithTheLink) {
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_GT(big->input.tokens_per_step(), 2 * big->knee.tokens_per_step);
   EXPECT_FALSE(big->time.comm_bound());
+}
+
+// Paired placement: a trainer's own server's slice stays on its node.
+TEST(PlanTest, PairedPlacementKeepsTheLocalSliceOffTheNetwork) {
+  FlagValues flags = DefaultFlags();
+  flags["servers"] = "2";
+  flags["trainers"] = "1";
+  flags["link_rate"] = "10mbit";
+  absl::StatusOr<Plan> separate = PlanOf(flags);
+  flags["placement"] = "paired";
+  absl::StatusOr<Plan> paired = PlanOf(flags);
+  ASSERT_TRUE(separate.ok() && paired.ok()) << paired.status();
+  // The same payload, half of it over the network.
+  EXPECT_EQ(paired->bytes.fetched, separate->bytes.fetched);
+  EXPECT_NEAR(paired->time.comm / separate->time.comm, 0.5, 0.05);
+  flags["trainers"] = "2";
+  flags["fabric_group_size"] = "2";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("--placement=paired takes no fabric groups"));
+  flags["placement"] = "rack";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("--placement=rack"));
 }
 
 TEST(PlanTest, RanksTheLeversAtTheLink) {

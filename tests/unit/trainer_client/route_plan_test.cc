@@ -55,6 +55,15 @@ TEST(RoutePlanTest, DefaultsWithoutATopology) {
   for (const Route& r : plan->routes) EXPECT_EQ(r.transport, "grpc");
 }
 
+TEST(RoutePlanTest, ALinkMayGiveItsOwnRateAndDelay) {
+  auto t = Topology::Parse(R"({"nodes": [{"name": "a"}, {"name": "b"}],
+      "links": [{"between": ["a", "b"], "kind": "ethernet", "rate": "10gbit", "delay": "1ms"}]})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->links.size(), 1u);
+  EXPECT_EQ(t->links[0].rate, "10gbit");
+  EXPECT_EQ(t->links[0].delay, "1ms");
+}
+
 TEST(RoutePlanTest, BadTopologiesAreRefusedWithAReason) {
   struct Case {
     const char* json;
@@ -71,6 +80,10 @@ TEST(RoutePlanTest, BadTopologiesAreRefusedWithAReason) {
            Case{R"({"nodes": [{"name": "a"}], "links": [{"between": ["a", "a"], "kind": "rdma", "transport": "tcp"}]})",
                 "link transport"},
            Case{R"({"nodes": [{"name": "a", "trainers": [-1]}]})", "not a trainer rank"},
+           Case{R"({"nodes": [{"name": "a"}], "links": [{"between": ["a", "a"], "kind": "ethernet", "rate": "fast"}]})",
+                "link rate 'fast' is not a number"},
+           Case{R"({"nodes": [{"name": "a"}], "links": [{"between": ["a", "a"], "kind": "ethernet", "delay": "soon"}]})",
+                "delay \"soon\" is not a duration"},
            Case{"{", "JSON line"},
        }) {
     auto t = Topology::Parse(c.json);
