@@ -28,8 +28,8 @@ ABSL_FLAG(std::string, transport, "grpc", "data path: grpc or ucx");
 ABSL_FLAG(int64_t, chunk_bytes, 1 << 20, "bytes per fetch chunk");
 ABSL_FLAG(int, iperf_seconds, 3, "iperf3 measurement length");
 ABSL_FLAG(std::string, link_rate, "",
-          "emulate each trainer-server link at this rate (gRPC only; e.g. 2gbit): where the wire, not the "
-          "machine, is the bottleneck; the iperf3 ratios then do not apply");
+          "emulate the trainer's network interface at this rate (e.g. 2gbit; each server's too): where the "
+          "wire, not the machine, is the bottleneck; the iperf3 ratios then do not apply");
 ABSL_FLAG(std::vector<std::string>, directions, std::vector<std::string>({"fetch", "push"}),
           "what to measure: fetch, push or both (one alone, to profile it)");
 
@@ -114,6 +114,9 @@ int main(int argc, char** argv) {
                 t.runs, bytes / t.median / 1e9 / iperf_gbps, goal);
   }
   std::printf("  iperf3       : %.2f GB/s single-stream loopback\n", iperf_gbps);
-  if (link->enabled()) std::printf("  (each link emulated at %s: ratios against iperf3 do not apply)\n", link->ToString().c_str());
+  if (link->enabled()) {
+    std::printf("  (the trainer's interface emulated at %s: ratios against iperf3 do not apply)\n",
+                link->ToString().c_str());
+  }
   return 0;
 }

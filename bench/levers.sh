@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slow-link levers benchmark: what each lever buys back at an emulated slow
-# link between trainers and servers (default 100 Mbit/s + 2 ms one way, on
-# every trainer-server connection, gRPC). For one model it runs `pshard
+# link (default 100 Mbit/s + 2 ms one way, each node's interface: every
+# server and trainer on its own node). For one model it runs `pshard
 # local` once per setting and prints, per setting, the step time, the
 # exposed communication, the bytes per step on the slow link (trainer 0's,
 # fetched + pushed) and the final loss (mean of the last 10 steps), with each

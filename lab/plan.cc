@@ -169,6 +169,9 @@ absl::Status PlanInput::Validate() const {
   if (!(mfu > 0) || mfu > 1) {
     return absl::InvalidArgumentError(absl::StrCat("--mfu=", mfu, " is not in (0, 1]"));
   }
+  if (!(step_overhead >= 0) || !std::isfinite(step_overhead)) {
+    return absl::InvalidArgumentError("--step_overhead must be a duration >= 0");
+  }
   if (!(optimizer_state_bytes >= 0)) {
     return absl::InvalidArgumentError("optimizer state bytes per parameter must be >= 0");
   }

@@ -63,6 +63,11 @@ struct PlanInput {
   LinkModel fabric;  ///< between members of a fabric group
   double device_flops = 0.0;  ///< peak FLOP/s of a trainer's device
   double mfu = 0.0;           ///< model FLOPs utilisation achieved, (0, 1]
+  /// Seconds of every step that the event model does not see (the servers'
+  /// optimizer step and norm agreement, host work of the transfers), spent
+  /// before the step's first fetch is served; a sweep measures it on an
+  /// unshaped run.
+  double step_overhead = 0.0;
   /// Optimizer state bytes per parameter, ZeRO's K (Adam with an fp32
   /// master copy: 12).
   double optimizer_state_bytes = 12.0;

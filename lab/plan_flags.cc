@@ -68,7 +68,7 @@ const std::vector<std::string>& PlanFlagNames() {
       "accumulate_on_trainer", "fetch_once_per_step", "recompute", "prefetch", "stage",
       "reshard_after_forward", "encoding", "weight_encoding", "grad_encoding", "quant_block",
       "error_feedback", "layers", "d_model", "heads", "context", "params", "link_rate", "link_delay",
-      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement"};
+      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement", "step_overhead"};
   return names;
 }
 
@@ -149,6 +149,13 @@ absl::StatusOr<PlanInput> PlanInputFromFlags(const FlagValues& flags) {
     ASSIGN_OR_RETURN(in.device_flops, read.Number("device_flops"));
   }
   ASSIGN_OR_RETURN(in.mfu, read.Number("mfu"));
+  ASSIGN_OR_RETURN(const std::string overhead, read.Text("step_overhead"));
+  absl::Duration overhead_time;
+  if (!overhead.empty() && overhead != "0" &&
+      (!absl::ParseDuration(overhead, &overhead_time) || overhead_time < absl::ZeroDuration())) {
+    return absl::InvalidArgumentError(absl::StrCat("--step_overhead=", overhead, " is not a duration such as 20ms"));
+  }
+  in.step_overhead = absl::ToDoubleSeconds(overhead_time);
   ASSIGN_OR_RETURN(in.optimizer_state_bytes, read.Number("optimizer_state_bytes"));
   RETURN_IF_ERROR(in.Validate());
   return in;

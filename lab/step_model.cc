@@ -58,6 +58,7 @@ class StepSimulation {
   }
 
   StepTime Run() {
+    t_ = in_.step_overhead;  // the servers publish the step's weights
     const int lanes = in_.fetch_once_per_step ? in_.micro_batches : 1;
     const bool accumulate = in_.accumulate_on_trainer && lanes == 1 && in_.micro_batches > 1;
     std::vector<bool> resident(units_.size(), false);

@@ -17,8 +17,10 @@
 // with G-1 latencies.
 //
 // Not modelled: the servers' optimizer step and norm agreement between
-// steps, CPU work of encoding, decoding and copying, and jitter; the
-// measured MFU absorbs what of them overlaps compute.
+// steps, CPU work of encoding, decoding and copying, and jitter. A fixed
+// PlanInput::step_overhead stands for them at the start of each step (a
+// sweep measures it on an unshaped run); the measured MFU absorbs what of
+// them overlaps compute.
 #ifndef PSHARD_LAB_STEP_MODEL_H_
 #define PSHARD_LAB_STEP_MODEL_H_
 

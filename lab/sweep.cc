@@ -182,17 +182,21 @@ JsonValue SweepResultsToJson(const SweepResults& results) {
                                           {"link_bytes_per_second", Num(r.link_bytes_per_second)},
                                           {"knee_bytes_per_second", Num(r.knee_bytes_per_second)}}));
   }
-  return JsonValue::MakeObject({{"device_flops", Num(results.device_flops)},
-                                {"mfu", Num(results.mfu)},
-                                {"calibration", JsonValue::String(results.calibration)},
+  const Calibration& c = results.calibration;
+  return JsonValue::MakeObject({{"device_flops", Num(c.device_flops)},
+                                {"mfu", Num(c.mfu)},
+                                {"step_overhead_seconds", Num(c.step_overhead)},
+                                {"calibration", JsonValue::String(c.how)},
                                 {"results", JsonValue::MakeArray(std::move(rows))}});
 }
 
 absl::StatusOr<SweepResults> SweepResultsFromJson(const JsonValue& json) {
   SweepResults out;
-  ASSIGN_OR_RETURN(out.device_flops, NumberField(json, "device_flops", "results.json"));
-  ASSIGN_OR_RETURN(out.mfu, NumberField(json, "mfu", "results.json"));
-  if (const JsonValue* c = json.Find("calibration"); c != nullptr && c->is_string()) out.calibration = c->as_string();
+  Calibration& c = out.calibration;
+  ASSIGN_OR_RETURN(c.device_flops, NumberField(json, "device_flops", "results.json"));
+  ASSIGN_OR_RETURN(c.mfu, NumberField(json, "mfu", "results.json"));
+  ASSIGN_OR_RETURN(c.step_overhead, NumberField(json, "step_overhead_seconds", "results.json"));
+  if (const JsonValue* how = json.Find("calibration"); how != nullptr && how->is_string()) c.how = how->as_string();
   const JsonValue* rows = json.Find("results");
   if (rows == nullptr || !rows->is_array()) return absl::InvalidArgumentError("results.json: no \"results\" list");
   for (const JsonValue& row : rows->as_array()) {

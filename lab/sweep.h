@@ -71,11 +71,17 @@ struct SweepResult {
   double knee_bytes_per_second = 0;
 };
 
-/// results.json: the calibration used and every result.
-struct SweepResults {
+/// What the planner is told about the device for every point.
+struct Calibration {
   double device_flops = 0;
   double mfu = 0;
-  std::string calibration;  ///< how device_flops and mfu were found
+  double step_overhead = 0;  ///< seconds (PlanInput::step_overhead)
+  std::string how;           ///< how they were found, in words
+};
+
+/// results.json: the calibration used and every result.
+struct SweepResults {
+  Calibration calibration;
   std::vector<SweepResult> results;
   const SweepResult* Find(const std::string& key) const;
 };

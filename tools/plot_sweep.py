@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 FIGURES = [("step_ms", "step time (ms)"), ("exposed_ms", "exposed communication (ms)")]
 FIXED = {"point", "link_mbit", "knee_mbit", "step_error", "link_rate", "link_delay"}
@@ -33,8 +34,12 @@ def varied_flags(rows):
     return [f for f in flags if len({r[f] for r in rows}) > 1]
 
 
+SHORT = {"weight_encoding": "weights", "grad_encoding": "grads", "reshard_after_forward": "reshard",
+         "fabric_group_size": "group", "micro_batches": "K"}
+
+
 def lever_name(row, levers):
-    return ", ".join(f"{f}={row[f]}" for f in levers) or "as given"
+    return ", ".join(f"{SHORT.get(f, f)} {row[f]}" for f in levers) or "as given"
 
 
 def safe(text):
@@ -42,34 +47,37 @@ def safe(text):
 
 
 def plot(rows, title, path, levers):
-    fig, axes = plt.subplots(1, len(FIGURES), figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, len(FIGURES), figsize=(13, 5.6))
     by_lever = {}
     for r in rows:
         by_lever.setdefault(lever_name(r, levers), []).append(r)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    handles = []
+    knees = {}
     for i, (name, series) in enumerate(sorted(by_lever.items())):
         series.sort(key=lambda r: float(r["link_mbit"]))
         color = colors[i % len(colors)]
         x = [float(r["link_mbit"]) for r in series]
         for ax, (column, label) in zip(axes, FIGURES):
-            ax.plot(x, [float(r["predicted_" + column]) for r in series], "-", color=color,
-                    label=f"{name} (predicted)")
-            ax.plot(x, [float(r["measured_" + column]) for r in series], "o", color=color,
-                    label=f"{name} (measured)")
+            line, = ax.plot(x, [float(r["predicted_" + column]) for r in series], "-", color=color, label=name)
+            ax.plot(x, [float(r["measured_" + column]) for r in series], "o", color=color)
             knee = float(series[0]["knee_mbit"])
             if knee > 0:
                 ax.axvline(knee, color=color, linestyle=":", linewidth=1)
-                ax.annotate("compute-bound →", (knee, ax.get_ylim()[1]), color=color, fontsize=7,
-                            rotation=90, va="top", ha="right")
+                knees.setdefault(round(knee, 1), color)
+        handles.append(line)
     for ax, (_, label) in zip(axes, FIGURES):
         ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_xlabel("slow link (Mbit/s per node interface)")
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    handles.append(Line2D([], [], color="black", linestyle="-", label="predicted (pshard plan)"))
+    handles.append(Line2D([], [], color="black", linestyle="none", marker="o", label="measured"))
+    handles.append(Line2D([], [], color="black", linestyle=":", label="knee: compute-bound to its right"))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * ((len(handles) + 2) // 3), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -119,6 +119,9 @@ ABSL_FLAG(double, mfu, 0.5, "plan: the model FLOPs utilisation the trainers achi
 ABSL_FLAG(double, optimizer_state_bytes, 12,
           "plan: optimizer state bytes per parameter for the ZeRO comparison (K; Adam with an fp32 master: 12)");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
+ABSL_FLAG(std::string, step_overhead, "0",
+          "plan: time of every step the planner's event model does not see (servers' update, host work of the "
+          "transfers), e.g. 25ms; a sweep calibrates it");
 ABSL_FLAG(std::string, out, "sweep", "sweep: the results folder (results.json, results.csv, points/, figures)");
 ABSL_FLAG(int, skip_steps, 3, "sweep: warm-up steps of each point, not measured");
 ABSL_FLAG(int, measure_steps, 5, "sweep: steps measured per point after the warm-up");
@@ -354,13 +357,14 @@ int RunPlan() {
 // of its grid.
 const std::vector<std::string>& SweepOwnFlags() {
   static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "calibrate", "plot",
-                                               "device_flops", "mfu", "fabric_rate", "fabric_delay"};
+                                               "device_flops", "mfu", "fabric_rate", "fabric_delay",
+                                               "step_overhead"};
   return own;
 }
 
 // The plan of a sweep point: its flags set in the registry for the time
 // of reading them, then put back.
-absl::StatusOr<pshard::Plan> PlanPoint(const pshard::SweepPoint& point, double device_flops, double mfu) {
+absl::StatusOr<pshard::Plan> PlanPoint(const pshard::SweepPoint& point, const pshard::Calibration& calibration) {
   std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved;
   auto restore = [&saved] {
     std::string ignored;
@@ -382,8 +386,9 @@ absl::StatusOr<pshard::Plan> PlanPoint(const pshard::SweepPoint& point, double d
   absl::StatusOr<pshard::FlagValues> values = CurrentFlagValues(pshard::PlanFlagNames());
   restore();
   if (!values.ok()) return values.status();
-  (*values)["device_flops"] = absl::StrCat(device_flops);
-  (*values)["mfu"] = absl::StrCat(mfu);
+  (*values)["device_flops"] = absl::StrCat(calibration.device_flops);
+  (*values)["mfu"] = absl::StrCat(calibration.mfu);
+  (*values)["step_overhead"] = absl::FormatDuration(absl::Seconds(calibration.step_overhead));
   ASSIGN_OR_RETURN(pshard::PlanInput input, pshard::PlanInputFromFlags(*values));
   return pshard::MakePlan(input);
 }
@@ -412,13 +417,20 @@ int RunSweep(const std::vector<std::string>& grid_args) {
   spec.skip_steps = absl::GetFlag(FLAGS_skip_steps);
   spec.measure_steps = absl::GetFlag(FLAGS_measure_steps);
   spec.calibrate = absl::GetFlag(FLAGS_calibrate);
-  spec.mfu = absl::GetFlag(FLAGS_mfu);
+  spec.given.mfu = absl::GetFlag(FLAGS_mfu);
+  if (absl::Duration d; absl::ParseDuration(absl::GetFlag(FLAGS_step_overhead), &d) && d >= absl::ZeroDuration()) {
+    spec.given.step_overhead = absl::ToDoubleSeconds(d);
+  } else {
+    std::fprintf(stderr, "pshard sweep: --step_overhead=%s is not a duration such as 20ms\n",
+                 absl::GetFlag(FLAGS_step_overhead).c_str());
+    return 2;
+  }
   spec.plot = absl::GetFlag(FLAGS_plot);
   spec.plot_script = SelfDir() + "/pshard-plot.py";
   // Measured once for the whole sweep.
   if (const std::string flops = absl::GetFlag(FLAGS_device_flops); flops == "auto") {
-    spec.device_flops = pshard::MeasureSgemmFlops();
-  } else if (!absl::SimpleAtod(flops, &spec.device_flops) || !(spec.device_flops > 0)) {
+    spec.given.device_flops = pshard::MeasureSgemmFlops();
+  } else if (!absl::SimpleAtod(flops, &spec.given.device_flops) || !(spec.given.device_flops > 0)) {
     std::fprintf(stderr, "pshard sweep: --device_flops=%s is not a FLOP rate or auto\n", flops.c_str());
     return 2;
   }

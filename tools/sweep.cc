@@ -130,7 +130,7 @@ absl::Status RunSweep(const SweepSpec& spec) {
   // Every point's flags are checked (by planning it) before anything runs.
   std::vector<Plan> plans;
   for (const SweepPoint& p : points) {
-    absl::StatusOr<Plan> plan = spec.plan(p, spec.device_flops, spec.mfu);
+    absl::StatusOr<Plan> plan = spec.plan(p, spec.given);
     if (!plan.ok()) return absl::InvalidArgumentError(absl::StrCat(p.Key(), ": ", plan.status().message()));
     plans.push_back(std::move(*plan));
   }
@@ -145,28 +145,35 @@ absl::Status RunSweep(const SweepSpec& spec) {
     absl::StatusOr<JsonValue> json = ParseJson(ReadAll(json_path));
     if (!json.ok()) return absl::DataLossError(absl::StrCat(json_path, ": ", json.status().message()));
     ASSIGN_OR_RETURN(results, SweepResultsFromJson(*json));
-    std::fprintf(stderr, "pshard sweep: resuming: %zu points in %s already; device %.4g GFLOP/s, MFU %.3f (%s)\n",
-                 results.results.size(), json_path.c_str(), results.device_flops / 1e9, results.mfu,
-                 results.calibration.c_str());
+    const Calibration& c = results.calibration;
+    std::fprintf(stderr,
+                 "pshard sweep: resuming: %zu points in %s already; device %.4g GFLOP/s, MFU %.3f, step overhead "
+                 "%.1f ms (%s)\n",
+                 results.results.size(), json_path.c_str(), c.device_flops / 1e9, c.mfu, c.step_overhead * 1e3,
+                 c.how.c_str());
   } else {
-    results.device_flops = spec.device_flops;
-    results.mfu = spec.mfu;
-    results.calibration = "MFU as given (--mfu)";
+    Calibration& c = results.calibration;
+    c = spec.given;
+    c.how = "MFU and step overhead as given (--mfu, --step_overhead)";
     if (spec.calibrate) {
-      // The first point without link emulation: what the device achieves.
+      // The first point without link emulation: what the device achieves,
+      // and what of the step the event model does not see.
       const SweepPoint unshaped = Unshaped(points[0]);
       std::fprintf(stderr, "pshard sweep: calibrating the device on an unshaped run of %s\n", points[0].Key().c_str());
-      ASSIGN_OR_RETURN(const Plan at_peak, spec.plan(unshaped, spec.device_flops, 1.0));
+      ASSIGN_OR_RETURN(const Plan at_peak, spec.plan(unshaped, Calibration{c.device_flops, 1.0, 0.0, ""}));
       ASSIGN_OR_RETURN(const PointMeasurement measured,
                        RunPoint(spec, unshaped, at_peak.input.trainers, spec.out_dir + "/points/calibration"));
       if (!(measured.compute_seconds > 0) || !(at_peak.time.compute > 0)) {
         return absl::InternalError("the calibration run measured no compute time");
       }
-      results.mfu = std::min(1.0, at_peak.time.compute / measured.compute_seconds);
-      results.calibration = absl::StrFormat("MFU from an unshaped run of the first point: %.1f ms of compute per step",
-                                            measured.compute_seconds * 1e3);
-      std::fprintf(stderr, "pshard sweep: %s: MFU %.3f of %.4g GFLOP/s\n", results.calibration.c_str(), results.mfu,
-                   results.device_flops / 1e9);
+      c.mfu = std::min(1.0, at_peak.time.compute / measured.compute_seconds);
+      ASSIGN_OR_RETURN(const Plan calibrated, spec.plan(unshaped, Calibration{c.device_flops, c.mfu, 0.0, ""}));
+      c.step_overhead = std::max(0.0, measured.step_seconds - calibrated.time.step);
+      c.how = absl::StrFormat(
+          "from an unshaped run of the first point: %.1f ms of compute and %.1f ms of step per step",
+          measured.compute_seconds * 1e3, measured.step_seconds * 1e3);
+      std::fprintf(stderr, "pshard sweep: calibrated %s: MFU %.3f of %.4g GFLOP/s, step overhead %.1f ms\n",
+                   c.how.c_str(), c.mfu, c.device_flops / 1e9, c.step_overhead * 1e3);
     }
     RETURN_IF_ERROR(WriteResults(spec, results));
   }
@@ -182,7 +189,7 @@ absl::Status RunSweep(const SweepSpec& spec) {
                                                                  static_cast<double>(remaining - ran));
     std::fprintf(stderr, "%s %zu/%zu | elapsed %s | ETA %s | %s\n", Bar(i, points.size()).c_str(), i + 1,
                  points.size(), Clock(elapsed).c_str(), eta.c_str(), point.Key().c_str());
-    ASSIGN_OR_RETURN(const Plan plan, spec.plan(point, results.device_flops, results.mfu));
+    ASSIGN_OR_RETURN(const Plan plan, spec.plan(point, results.calibration));
     ASSIGN_OR_RETURN(const PointMeasurement measured,
                      RunPoint(spec, point, plan.input.trainers, absl::StrCat(spec.out_dir, "/points/", i)));
     results.results.push_back(ResultOf(point, measured, plan));
@@ -209,6 +216,9 @@ absl::StatusOr<std::vector<std::string>> PlotSweep(const std::string& plot_scrip
   if (!std::filesystem::exists(plot_script)) {
     return absl::NotFoundError(absl::StrCat("the plotting script ", plot_script, " is missing (build pshard)"));
   }
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) return absl::InvalidArgumentError(absl::StrCat("cannot create ", out_dir, ": ", error.message()));
   const std::string python = std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
   const std::string log = out_dir + "/plot.log";
   std::remove(log.c_str());

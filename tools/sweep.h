@@ -23,13 +23,13 @@ struct SweepSpec {
   std::string pshard_bin;  ///< the pshard executable that runs `local`
   int skip_steps = 3;      ///< warm-up steps of each point, not measured
   int measure_steps = 5;   ///< steps measured after them
-  /// Find the MFU the planner assumes from an unshaped run of the first
-  /// point (its compute time), instead of `mfu`.
+  /// Find the MFU and the step overhead the planner assumes from an
+  /// unshaped run of the first point (its compute time, and the rest of its
+  /// step), instead of `given`'s.
   bool calibrate = true;
-  double device_flops = 0;
-  double mfu = 0;
-  /// The plan of a point's flags with the given device FLOP/s and MFU.
-  std::function<absl::StatusOr<Plan>(const SweepPoint&, double device_flops, double mfu)> plan;
+  Calibration given;  ///< device FLOP/s always; MFU and overhead without calibrate
+  /// The plan of a point's flags with a calibration.
+  std::function<absl::StatusOr<Plan>(const SweepPoint&, const Calibration&)> plan;
   bool plot = false;
   std::string plot_script;  ///< tools/plot_sweep.py as built next to pshard
 };

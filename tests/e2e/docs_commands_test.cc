@@ -2,6 +2,7 @@
 // commands are read from the documents (shell blocks and inline code), run
 // with a short step count, and must train and exit 0. `tools/demo.sh` is
 // `pshard local` after the set-up script, which the test build has done.
+// Every `pshard plan` example prints its plan.
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -22,7 +23,13 @@ namespace {
 struct DocCommand {
   std::string file;
   std::string command;
+  bool plan = false;  ///< `pshard plan`, not a training command
 };
+
+bool IsPlanCommand(const std::string& line) {
+  static const std::regex kCommand(R"(^build/bin/pshard plan( .*)?$)");
+  return std::regex_match(line, kCommand);
+}
 
 // A training command: optional VAR=value assignments, then the demo script
 // or `pshard local`.
@@ -52,6 +59,7 @@ std::vector<DocCommand> CommandsIn(const std::string& path) {
     for (std::string c : candidates) {
       c = std::string(absl::StripSuffix(absl::StripAsciiWhitespace(c), " &"));
       if (IsTrainingCommand(c)) out.push_back({name, c});
+      if (IsPlanCommand(c)) out.push_back({name, c, /*plan=*/true});
     }
   }
   return out;
@@ -71,12 +79,14 @@ TEST(DocsCommandsE2E, TheDocumentsHoldTheExamplesThisTestRuns) {
   std::vector<std::string> commands;
   for (const DocCommand& c : AllDocCommands()) commands.push_back(c.command);
   EXPECT_THAT(commands, ::testing::Contains("tools/demo.sh --link_rate=50mbit --prefetch=2"));
+  EXPECT_THAT(commands, ::testing::Contains(::testing::StartsWith("build/bin/pshard plan --params=7.5B")));
   EXPECT_THAT(commands, ::testing::Contains(::testing::StartsWith("PSHARD_LINK_RATE=")));
   EXPECT_GE(commands.size(), 5u);
 }
 
 TEST(DocsCommandsE2E, EveryLocalClusterExampleTrainsAndExitsZero) {
   for (const DocCommand& doc : AllDocCommands()) {
+    if (doc.plan) continue;
     SCOPED_TRACE(absl::StrCat(doc.file, ": ", doc.command));
     const std::string run_dir = MakeRunDir();
     const std::string command = absl::StrReplaceAll(
@@ -89,6 +99,19 @@ TEST(DocsCommandsE2E, EveryLocalClusterExampleTrainsAndExitsZero) {
     EXPECT_EQ(result.exit_code, 0) << result.output;
     EXPECT_THAT(result.output, ::testing::HasSubstr("trainers finished")) << result.output;
     EXPECT_EQ(Losses(result.output).size(), 3u) << result.output;
+  }
+}
+
+TEST(DocsCommandsE2E, EveryPlanExamplePrintsItsPlan) {
+  for (const DocCommand& doc : AllDocCommands()) {
+    if (!doc.plan) continue;
+    SCOPED_TRACE(absl::StrCat(doc.file, ": ", doc.command));
+    const CommandResult result = RunCommand(absl::StrCat(
+        "cd ", PSHARD_SOURCE_DIR, " && timeout 60 ",
+        absl::StrReplaceAll(doc.command, {{"build/bin/", absl::StrCat(PSHARD_BIN_DIR, "/")}}), " 2>&1"));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_THAT(result.output, ::testing::HasSubstr("Predicted step:")) << result.output;
+    EXPECT_THAT(result.output, ::testing::HasSubstr("ZeRO-3 (+ weights)")) << result.output;
   }
 }
 

@@ -111,7 +111,9 @@ TEST(SweepE2E, AGridOfFourPointsIsMeasuredPredictedAndPlotted) {
   std::optional<int> code = RunToEnd(SweepArgv(out, {"--plot"}), out + "/sweep.log");
   ASSERT_EQ(code, 0) << ReadFile(out + "/sweep.log");
   const std::string log = ReadFile(out + "/sweep.log");
-  EXPECT_THAT(log, HasSubstr("MFU from an unshaped run"));
+  EXPECT_THAT(log, HasSubstr("calibrated from an unshaped run of the first point"));
+  EXPECT_THAT(log, HasSubstr("step overhead"));
+  EXPECT_THAT(ReadFile(out + "/results.json"), HasSubstr("\"step_overhead_seconds\": "));
   EXPECT_THAT(log, HasSubstr("4/4 | elapsed"));
   EXPECT_THAT(log, HasSubstr("ETA"));
 

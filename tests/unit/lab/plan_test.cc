@@ -27,7 +27,8 @@ FlagValues DefaultFlags() {
           {"d_model", "128"},      {"heads", "4"},             {"context", "64"},
           {"params", ""},          {"link_rate", ""},          {"link_delay", ""},
           {"fabric_rate", ""},     {"fabric_delay", ""},       {"device_flops", "1e11"},
-          {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}, {"placement", "separate"}};
+          {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}, {"placement", "separate"},
+          {"step_overhead", "0"}};
 }
 
 absl::StatusOr<Plan> PlanOf(FlagValues flags) {

@@ -100,9 +100,7 @@ TEST(SweepMeasureTest, MissingOrBrokenLogsAreErrors) {
 
 TEST(SweepResultsTest, JsonReadsBackAndCsvHasAColumnPerFlagAndFigure) {
   SweepResults results;
-  results.device_flops = 9e10;
-  results.mfu = 0.4;
-  results.calibration = "as given";
+  results.calibration = Calibration{9e10, 0.4, 0.025, "as given"};
   for (const char* rate : {"100mbit", "30mbit"}) {
     SweepResult r;
     r.point.flags = {{"link_rate", rate}, {"prefetch", "2"}};
