@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -62,13 +63,16 @@ std::string Bar(size_t done, size_t total) {
   return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "]");
 }
 
-// The point's flags with the link emulation removed: the calibration run.
+// The point's flags with no slow link, emulated or kernel's: the
+// calibration run.
 SweepPoint Unshaped(const SweepPoint& p) {
+  static const std::set<std::string> kLinkFlags = {"link_rate", "link_delay", "link_jitter", "link_mode"};
   SweepPoint q;
   for (const auto& flag : p.flags) {
-    if (flag.first != "link_rate" && flag.first != "link_delay" && flag.first != "link_jitter") q.flags.push_back(flag);
+    if (!kLinkFlags.count(flag.first)) q.flags.push_back(flag);
   }
   for (const char* f : {"link_rate", "link_delay", "link_jitter"}) q.flags.emplace_back(f, "");
+  q.flags.emplace_back("link_mode", "emulated");
   return q;
 }
 
