@@ -128,6 +128,8 @@ ABSL_FLAG(int, measure_steps, 5, "sweep: steps measured per point after the warm
 ABSL_FLAG(bool, calibrate, true,
           "sweep: find the MFU the planner assumes from an unshaped run of the first point (false: --mfu)");
 ABSL_FLAG(bool, plot, false, "sweep: draw the figures when done (as pshard plot does)");
+ABSL_FLAG(absl::Duration, point_timeout, absl::Minutes(30),
+          "sweep: a point still running after this is stopped, and the sweep with it");
 ABSL_FLAG(int, metrics_port_base, 9400,
           "metrics ports: server s on BASE+s, trainer r on BASE+100+r (0: any free ports, no Prometheus config)");
 ABSL_FLAG(std::string, run_dir, "", "where logs go (default: a new folder under /tmp)");
@@ -356,7 +358,7 @@ int RunPlan() {
 // The flags `pshard sweep` reads itself; every other flag given is an axis
 // of its grid.
 const std::vector<std::string>& SweepOwnFlags() {
-  static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "calibrate", "plot",
+  static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "calibrate", "plot", "point_timeout",
                                                "device_flops", "mfu", "fabric_rate", "fabric_delay",
                                                "step_overhead"};
   return own;
@@ -426,6 +428,11 @@ int RunSweep(const std::vector<std::string>& grid_args) {
     return 2;
   }
   spec.plot = absl::GetFlag(FLAGS_plot);
+  spec.point_timeout = absl::GetFlag(FLAGS_point_timeout);
+  if (spec.point_timeout <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "pshard sweep: --point_timeout must be positive\n");
+    return 2;
+  }
   spec.plot_script = SelfDir() + "/pshard-plot.py";
   // Measured once for the whole sweep.
   if (const std::string flops = absl::GetFlag(FLAGS_device_flops); flops == "auto") {

@@ -91,11 +91,18 @@ absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoin
     argv.push_back(std::move(a));
   }
   ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, log));
+  const absl::Time deadline = absl::Now() + spec.point_timeout;
   std::optional<int> code;
   while (!(code = child.WaitUntil(absl::Now() + absl::Milliseconds(200)))) {
-    if (g_stop != 0) {
+    const bool late = absl::Now() > deadline;
+    if (g_stop != 0 || late) {
       child.Signal(SIGINT);  // pshard local stops its servers and trainers
       child.WaitUntil(absl::Now() + absl::Seconds(30));
+      if (late) {
+        return absl::DeadlineExceededError(absl::StrCat("pshard local ", point.Key(), " ran past --point_timeout=",
+                                                        absl::FormatDuration(spec.point_timeout), " (", log,
+                                                        "):\n", LastLines(log, 8)));
+      }
       return absl::CancelledError(absl::StrCat("interrupted while running ", point.Key()));
     }
   }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "lab/plan.h"
 #include "lab/sweep.h"
 
@@ -23,6 +24,8 @@ struct SweepSpec {
   std::string pshard_bin;  ///< the pshard executable that runs `local`
   int skip_steps = 3;      ///< warm-up steps of each point, not measured
   int measure_steps = 5;   ///< steps measured after them
+  /// A point still running after this is stopped, and the sweep with it.
+  absl::Duration point_timeout = absl::Minutes(30);
   /// Find the MFU and the step overhead the planner assumes from an
   /// unshaped run of the first point (its compute time, and the rest of its
   /// step), instead of `given`'s.
