@@ -35,6 +35,7 @@ struct ShardServer::Impl {
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   std::unique_ptr<NormCoordinator> coordinator;  // shard 0 only
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub;  // other shards
+  std::unique_ptr<CallerAuthenticator> authenticator;
   SessionTokens tokens;
 #if PSHARD_WITH_UCX
   std::unique_ptr<UcxService> ucx;
@@ -208,6 +209,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
                                                    " bytes cannot carry fetch chunks of ", spec.fetch_chunk_bytes,
                                                    " bytes; raise it or lower the chunk size"));
   }
+  // Credentials first: a server that cannot authenticate must not start open.
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, ServerCredentialsFor(spec.security));
+  ASSIGN_OR_RETURN(std::unique_ptr<CallerAuthenticator> authenticator, CallerAuthenticator::Create(spec.security));
+  std::shared_ptr<const ClientSecurity> as_server;
+  if (spec.shard_index != 0) {
+    ASSIGN_OR_RETURN(as_server, ClientSecurity::Create(spec.security, Role::kServer));
+  }
   std::unique_ptr<ShardServer> server(new ShardServer());
   if (spec.checkpoint_every < 0 || spec.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint interval ", spec.checkpoint_every, " and count kept ",
@@ -222,6 +230,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
+  impl.authenticator = std::move(authenticator);
   impl.checkpoint_keep = spec.checkpoint_keep;
   if (!spec.checkpoint_dir.empty()) {
     ASSIGN_OR_RETURN(server->restored_from_, RestoreFromFolder(*server->state_, spec, server->start_notes_));
@@ -257,6 +266,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.tokens = &impl.tokens;
   options.coordinator_address = spec.coordinator_address;
   options.own_address = spec.advertise_address;
+  options.authenticator = impl.authenticator.get();
 #if PSHARD_WITH_UCX
   if (spec.enable_ucx) {
     UcxService::Options ucx_options;
@@ -277,7 +287,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(spec.address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(spec.address, credentials, &server->port_);
   builder.RegisterService(impl.service.get());
   builder.SetMaxReceiveMessageSize(spec.max_message_bytes);
   builder.SetMaxSendMessageSize(spec.max_message_bytes);
@@ -297,8 +307,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
       return agreed;
     };
   } else {
-    impl.coordinator_stub = v1::ShardService::NewStub(
-        grpc::CreateChannel(spec.coordinator_address, grpc::InsecureChannelCredentials()));
+    impl.coordinator_stub = v1::ShardService::NewStub(as_server->NewChannel(spec.coordinator_address));
     agree = [&impl, state = server->state_.get(), fingerprint = JobFingerprint(spec.job)](
                 int64_t step, const StepNorm& partial, absl::Time deadline) -> absl::StatusOr<StepNorm> {
       ASSIGN_OR_RETURN(StepNorm agreed, AgreeRemotely(impl.coordinator_stub.get(), *state, fingerprint, step,

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "common/metrics/metrics.h"
+#include "common/security/security.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -54,6 +55,9 @@ class ShardServer {
     /// at another step than `job.optimizer.total_steps` (the schedule is
     /// re-stretched to the new end; without it such a resume is refused).
     bool allow_schedule_change = false;
+    /// TLS and token settings: how this server serves, which callers it
+    /// accepts (common/security), and how it calls shard 0 (as a server).
+    SecurityOptions security;
   };
 
   /// Builds the state, binds, and starts serving and stepping.

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/signals.h"
+#include "common/security/flags.h"
 #include "shard_server/server.h"
 #include "common/memory_policy.h"
 
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
   spec.resume_step = absl::GetFlag(FLAGS_resume_step);
   spec.start_fresh = absl::GetFlag(FLAGS_start_fresh);
   spec.allow_schedule_change = absl::GetFlag(FLAGS_allow_schedule_change);
+  spec.security = pshard::SecurityOptionsFromFlags();
 
   absl::StatusOr<std::unique_ptr<pshard::ShardServer>> server = pshard::ShardServer::Start(spec);
   if (!server.ok()) {
@@ -116,9 +118,10 @@ int main(int argc, char** argv) {
   pshard::ShardServer* running = server->get();
   const auto counters = running->state().counters();
   std::fprintf(stderr,
-               "pshard-server: shard %d/%d serving on %s, metrics on port %d; %lld parameters in the model, "
+               "pshard-server: shard %d/%d serving on %s (%s), metrics on port %d; %lld parameters in the model, "
                "%.1f MiB of state here\n",
-               spec.shard_index, spec.job.num_shards, running->address().c_str(), running->metrics_port(),
+               spec.shard_index, spec.job.num_shards, running->address().c_str(),
+               pshard::DescribeSecurity(spec.security).c_str(), running->metrics_port(),
                static_cast<long long>(running->state().layout().spec.TotalParameters()),
                counters.state_bytes / 1048576.0);
   for (const std::string& note : running->start_notes()) {

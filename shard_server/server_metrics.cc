@@ -28,6 +28,8 @@ constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "
 
 }  // namespace
 
+const char* RpcMethodName(RpcMethod method) { return kMethodNames[static_cast<int>(method)]; }
+
 ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, int num_units,
                              const std::vector<std::string>& transports)
     : duplicate_pushes(r.AddCounter("pshard_server_duplicate_pushes_total",
@@ -88,6 +90,15 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
   for (int m = 0; m < kNumRpcMethods; ++m) rpc_seconds_[m] = &rpc.Add(With(Shard(shard), "method", kMethodNames[m]));
   auto& rejected = r.AddCounter("pshard_server_rejected_requests_total", "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) rejected_[i] = &rejected.Add(With(Shard(shard), "reason", kReasonNames[i]));
+  auto& refused = r.AddCounter("pshard_server_refused_calls_total",
+                               "Calls refused for their caller (missing or wrong credentials, or a role not allowed "
+                               "the method), by method and reason.");
+  for (int m = 0; m < kNumRpcMethods; ++m) {
+    for (int f = 0; f < kNumAuthFailures; ++f) {
+      refused_calls_[m][f] = &refused.Add(With(With(Shard(shard), "method", kMethodNames[m]), "reason",
+                                               AuthFailureName(static_cast<AuthFailure>(f))));
+    }
+  }
   auto& version = r.AddGauge("pshard_server_unit_version", "Published version of each unit on this shard.");
   for (int u = 0; u < num_units; ++u) unit_version.push_back(&version.Add(With(Shard(shard), "unit", absl::StrCat(u))));
   r.AddGauge("pshard_build_info", "Build and role of this process (value 1).")
@@ -123,6 +134,9 @@ void ServerMetrics::Reject(const absl::Status& status) {
     case absl::StatusCode::kInvalidArgument: reason = RejectReason::kBadRequest; break;
     case absl::StatusCode::kDeadlineExceeded: reason = RejectReason::kWaitTimeout; break;
     case absl::StatusCode::kCancelled: reason = RejectReason::kCancelled; break;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      return;  // counted by refused_calls, with the method and the reason
     default: break;
   }
   rejected_[static_cast<int>(reason)]->Increment();

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "common/metrics/metrics.h"
+#include "common/security/caller_authenticator.h"
 
 namespace pshard {
 
@@ -20,6 +21,8 @@ inline constexpr int kNumRejectReasons = 7;
 /// RPC methods (a bounded label).
 enum class RpcMethod { kJoin, kFetch, kPush, kAgreeNorm, kGetStatus, kReadMaster, kRendezvous, kAnnounce };
 inline constexpr int kNumRpcMethods = 8;
+/// The method's name as the protocol spells it ("Join", "Push").
+const char* RpcMethodName(RpcMethod method);
 
 /// Every metric a shard server exports, bound to its shard. Thread-safe.
 class ServerMetrics {
@@ -36,6 +39,11 @@ class ServerMetrics {
   metrics::Histogram& rpc_seconds(RpcMethod method) { return *rpc_seconds_[static_cast<int>(method)]; }
   /// Counts a refused request by the reason its status implies.
   void Reject(const absl::Status& status);
+  /// Counts a call refused for its caller (credentials or role); UCX
+  /// messages count as the RPC they stand for (Fetch, Push).
+  metrics::Counter& refused_calls(RpcMethod method, AuthFailure failure) {
+    return *refused_calls_[static_cast<int>(method)][static_cast<int>(failure)];
+  }
 
   metrics::Counter& duplicate_pushes;
   metrics::Counter& non_finite_pushes;
@@ -68,6 +76,7 @@ class ServerMetrics {
   std::vector<TransportBytes> bytes_;  // in the order given; the first is the default
   std::array<metrics::Histogram*, kNumRpcMethods> rpc_seconds_{};
   std::array<metrics::Counter*, kNumRejectReasons> rejected_{};
+  std::array<std::array<metrics::Counter*, kNumAuthFailures>, kNumRpcMethods> refused_calls_{};
 };
 
 }  // namespace pshard

@@ -152,10 +152,12 @@ absl::StatusOr<std::string> Exchange(int fd, const std::string& address, const s
   }
 }
 
-ShardServerStatus QueryServer(const std::string& address, absl::Duration timeout) {
+ShardServerStatus QueryServer(const std::string& address, absl::Duration timeout, const ClientSecurity* security) {
   ShardServerStatus s;
   s.address = address;
-  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = v1::ShardService::NewStub(security != nullptr
+                                            ? security->NewChannel(address)
+                                            : grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   v1::StatusResponse response;
@@ -297,15 +299,16 @@ absl::Status ReadTrainerStatus(const MetricsText& page, TrainerStatus* status) {
 }
 
 absl::StatusOr<std::vector<std::string>> DiscoverShardAddresses(const std::string& address,
-                                                                absl::Duration timeout) {
-  ShardServerStatus first = QueryServer(address, timeout);
+                                                                absl::Duration timeout,
+                                                                const ClientSecurity* security) {
+  ShardServerStatus first = QueryServer(address, timeout, security);
   RETURN_IF_ERROR(first.error);
   std::string coordinator = address;
   ShardServerStatus zero = std::move(first);
   if (zero.shard != 0) {
     coordinator = zero.coordinator_address;
     const int asked = zero.shard;
-    zero = QueryServer(coordinator, timeout);
+    zero = QueryServer(coordinator, timeout, security);
     if (!zero.error.ok()) {
       return absl::Status(zero.error.code(), absl::StrCat(address, " is shard ", asked, "; its shard 0 at ",
                                                           coordinator, " did not answer: ", zero.error.message()));
@@ -326,10 +329,11 @@ absl::StatusOr<std::vector<std::string>> DiscoverShardAddresses(const std::strin
   return addresses;
 }
 
-ClusterStatus QueryClusterStatus(const std::vector<std::string>& servers, absl::Duration timeout) {
+ClusterStatus QueryClusterStatus(const std::vector<std::string>& servers, absl::Duration timeout,
+                                 const ClientSecurity* security) {
   ClusterStatus status;
   status.servers.resize(servers.size());
-  ForEachInParallel(servers.size(), [&](size_t i) { status.servers[i] = QueryServer(servers[i], timeout); });
+  ForEachInParallel(servers.size(), [&](size_t i) { status.servers[i] = QueryServer(servers[i], timeout, security); });
   // Every trainer joins every server: the first endpoint a server knows wins.
   std::map<int, std::string> endpoints;
   for (const ShardServerStatus& s : status.servers) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/security/security.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -92,13 +93,16 @@ absl::Status ReadTrainerStatus(const MetricsText& page, TrainerStatus* status);
 /// Every shard's address in shard order, found from any one server of the
 /// job (`address`): shard 0 lists what the shards announced to it, and the
 /// other shards name shard 0. An error names what is missing.
+/// `security`: the reader's credentials (null: plaintext, no token).
 absl::StatusOr<std::vector<std::string>> DiscoverShardAddresses(const std::string& address,
-                                                                absl::Duration timeout);
+                                                                absl::Duration timeout,
+                                                                const ClientSecurity* security = nullptr);
 
 /// Calls GetStatus on every server and scrapes every trainer they list, all
 /// in parallel, each with `timeout`. Never fails: what did not answer is
 /// reported in its row.
-ClusterStatus QueryClusterStatus(const std::vector<std::string>& servers, absl::Duration timeout);
+ClusterStatus QueryClusterStatus(const std::vector<std::string>& servers, absl::Duration timeout,
+                                 const ClientSecurity* security = nullptr);
 
 /// The two tables (servers, then trainers) as aligned text.
 std::string FormatClusterStatus(const ClusterStatus& status);

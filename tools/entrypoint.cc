@@ -228,6 +228,45 @@ std::string LaunchPlan::Summary() const {
   return line;
 }
 
+namespace {
+
+// TLS and tokens: the mounted folder's files and the token file become the
+// program's flags (the health check takes only the CA and the name).
+absl::Status AddSecurity(const Facts& facts, LaunchPlan& plan) {
+  const std::optional<std::string> dir = GetSet(facts.env, "PSHARD_TLS_DIR");
+  const std::optional<std::string> name = GetSet(facts.env, "PSHARD_TLS_SERVER_NAME");
+  const std::optional<std::string> tokens = GetSet(facts.env, "PSHARD_AUTH_TOKEN_FILE");
+  auto exists = [&](const std::string& path) { return !facts.file_exists || facts.file_exists(path); };
+  if (name && !dir) return absl::InvalidArgumentError("PSHARD_TLS_SERVER_NAME is set but PSHARD_TLS_DIR is not");
+  if (dir) {
+    for (const char* file : {"tls.crt", "tls.key", "ca.crt"}) {
+      if (!exists(absl::StrCat(*dir, "/", file))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PSHARD_TLS_DIR=", *dir, " has no readable ", file,
+            " (mount a Kubernetes TLS secret or a folder made by make-certs.sh there)"));
+      }
+    }
+    if (plan.role == "health") {
+      plan.health_tls_ca = absl::StrCat(*dir, "/ca.crt");
+      plan.health_tls_server_name = name.value_or("localhost");
+    } else {
+      plan.args.push_back(absl::StrCat("--tls_cert=", *dir, "/tls.crt"));
+      plan.args.push_back(absl::StrCat("--tls_key=", *dir, "/tls.key"));
+      plan.args.push_back(absl::StrCat("--tls_ca=", *dir, "/ca.crt"));
+      if (name) plan.args.push_back(absl::StrCat("--tls_server_name=", *name));
+    }
+  }
+  if (tokens && plan.role != "health") {
+    if (!exists(*tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat("PSHARD_AUTH_TOKEN_FILE=", *tokens, " cannot be read"));
+    }
+    plan.args.push_back(absl::StrCat("--auth_token_file=", *tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<LaunchPlan> Plan(const std::vector<std::string>& args, const Facts& facts) {
   LaunchPlan plan;
   std::vector<std::string> passthrough;
@@ -257,6 +296,7 @@ absl::StatusOr<LaunchPlan> Plan(const std::vector<std::string>& args, const Fact
   if (role == "health") {
     if (!passthrough.empty()) return absl::InvalidArgumentError("health takes no arguments");
     plan.health_address = absl::StrCat("127.0.0.1:", *port);
+    if (absl::Status s = AddSecurity(facts, plan); !s.ok()) return s;
     return plan;
   }
   absl::StatusOr<int> metrics_port = Port(facts.env, "PSHARD_METRICS_PORT", kDefaultMetricsPort);
@@ -319,6 +359,7 @@ absl::StatusOr<LaunchPlan> Plan(const std::vector<std::string>& args, const Fact
     }
   }
   if (absl::Status s = AddShaping(facts, plan); !s.ok()) return s;
+  if (absl::Status s = AddSecurity(facts, plan); !s.ok()) return s;
   if (facts.is_root && GetSet(facts.env, "PSHARD_RUN_AS_ROOT").value_or("") != "1") {
     plan.uid = kDefaultUser;
     plan.gid = kDefaultUser;

@@ -18,6 +18,11 @@
 //              (root with NET_ADMIN; PSHARD_LINK_SHAPER=auto|tc|process),
 //              PSHARD_LINK_DELAY / _JITTER emulated in the trainer
 //   trainer    PSHARD_JOIN_TIMEOUT (how long to wait for the servers)
+//   security   PSHARD_TLS_DIR: a folder holding tls.crt, tls.key and ca.crt
+//              (a Kubernetes TLS secret or cert-manager Certificate mounted
+//              whole, so that rotated files are seen); PSHARD_TLS_SERVER_NAME
+//              (the name in the servers' certificates, when it is not the
+//              host dialled); PSHARD_AUTH_TOKEN_FILE (a token file)
 // Arguments after the role are passed on last, so they override.
 #ifndef PSHARD_TOOLS_ENTRYPOINT_H_
 #define PSHARD_TOOLS_ENTRYPOINT_H_
@@ -67,8 +72,12 @@ struct LaunchPlan {
   /// Switch to this user and group before exec (-1: stay).
   int uid = -1;
   int gid = -1;
-  /// For `health`: the address to check.
+  /// For `health`: the address to check, and (PSHARD_TLS_DIR) the CA and
+  /// the name to check the server's certificate against; the health
+  /// service needs no client certificate or token.
   std::string health_address;
+  std::string health_tls_ca;
+  std::string health_tls_server_name;
   /// One line saying what was decided.
   std::string Summary() const;
 };

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "common/security/security.h"
 #include "proto/health.grpc.pb.h"
 #include "tools/entrypoint.h"
 
@@ -35,8 +36,15 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-int CheckHealth(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+int CheckHealth(const LaunchPlan& plan) {
+  const std::string& address = plan.health_address;
+  pshard::SecurityOptions tls;
+  tls.tls_ca = plan.health_tls_ca;
+  tls.tls_server_name = plan.health_tls_server_name;
+  absl::StatusOr<std::shared_ptr<const pshard::ClientSecurity>> security =
+      pshard::ClientSecurity::Create(tls, pshard::Role::kReader);
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  auto stub = grpc::health::v1::Health::NewStub((*security)->NewChannel(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
   grpc::health::v1::HealthCheckRequest request;
@@ -115,7 +123,7 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<LaunchPlan> plan = pshard::entrypoint::Plan(std::vector<std::string>(argv + 1, argv + argc), facts);
   if (!plan.ok()) return Fail(std::string(plan.status().message()));
-  if (plan->role == "health") return CheckHealth(plan->health_address);
+  if (plan->role == "health") return CheckHealth(*plan);
 
   if (plan->shaping) {
     const std::vector<std::string> tc = plan->shaping->TcCommand();

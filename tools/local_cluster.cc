@@ -83,6 +83,69 @@ std::string Quoted(const std::vector<std::string>& targets) {
   return absl::StrJoin(q, ", ");
 }
 
+
+// The credentials of a local job: what each kind of process is given.
+struct LocalSecurity {
+  std::vector<std::string> server_flags, trainer_flags, reader_flags;
+  std::string what;  // for the start line
+};
+
+absl::StatusOr<std::string> RandomHex(size_t bytes) {
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  std::string raw(bytes, '\0');
+  if (!random.read(raw.data(), static_cast<std::streamsize>(bytes))) {
+    return absl::InternalError("cannot read /dev/urandom for the job's tokens");
+  }
+  std::string hex;
+  for (unsigned char c : raw) absl::StrAppend(&hex, absl::Hex(c, absl::kZeroPad2));
+  return hex;
+}
+
+absl::StatusOr<LocalSecurity> MakeLocalSecurity(const LocalClusterSpec& spec) {
+  LocalSecurity out;
+  std::vector<std::string> what;
+  if (spec.tls) {
+    const std::string dir = spec.run_dir + "/tls";
+    const std::string log = spec.run_dir + "/make-certs.log";
+    ASSIGN_OR_RETURN(ChildProcess make, ChildProcess::Spawn({spec.bin_dir + "/pshard-make-certs.sh", dir}, log));
+    const std::optional<int> code = make.WaitUntil(absl::Now() + absl::Seconds(60));
+    if (code != 0) {
+      return absl::InternalError(absl::StrCat("making the job's certificates failed (", log, "):\n", Tail(log)));
+    }
+    // Servers are dialled by address (loopback, or a kernel link's host
+    // side); their certificate names localhost.
+    auto role = [&dir](const std::string& name) {
+      return std::vector<std::string>{absl::StrCat("--tls_cert=", dir, "/", name, "/tls.crt"),
+                                      absl::StrCat("--tls_key=", dir, "/", name, "/tls.key"),
+                                      absl::StrCat("--tls_ca=", dir, "/", name, "/ca.crt"), "--tls_server_name=localhost"};
+    };
+    out.server_flags = role("server");
+    out.trainer_flags = role("trainer");
+    out.reader_flags = role("reader");
+    what.push_back(absl::StrCat("mutual TLS (certificates in ", dir, ")"));
+  }
+  if (spec.tokens) {
+    const std::string path = spec.run_dir + "/tokens";
+    std::string text = "# pshard local: one token per role\n";
+    for (const char* role : {"server", "trainer", "reader"}) {
+      ASSIGN_OR_RETURN(std::string token, RandomHex(16));
+      absl::StrAppend(&text, role, " ", token, "\n");
+    }
+    std::filesystem::remove(path);
+    {
+      std::ofstream file(path);
+      file << text;
+      if (!file) return absl::InternalError(absl::StrCat("cannot write ", path));
+    }
+    std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    const std::string flag = absl::StrCat("--auth_token_file=", path);
+    for (auto* flags : {&out.server_flags, &out.trainer_flags, &out.reader_flags}) flags->push_back(flag);
+    what.push_back(absl::StrCat("tokens (", path, ")"));
+  }
+  out.what = absl::StrJoin(what, " and ");
+  return out;
+}
+
 }  // namespace
 
 std::string LocalTopology(const std::vector<std::string>& server_addresses, int num_trainers, int group_size,
@@ -152,6 +215,14 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   } else if (!spec.link_mode.empty() && spec.link_mode != "emulated") {
     return absl::InvalidArgumentError(absl::StrCat("link mode \"", spec.link_mode, "\" is not emulated or kernel"));
   }
+  std::vector<std::string> server_security, trainer_security;
+  if (spec.tls || spec.tokens) {
+    ASSIGN_OR_RETURN(LocalSecurity security, MakeLocalSecurity(spec));
+    server_security = std::move(security.server_flags);
+    trainer_security = std::move(security.trainer_flags);
+    std::printf("pshard: %s; pshard status needs %s\n", security.what.c_str(),
+                absl::StrJoin(security.reader_flags, " ").c_str());
+  }
   const std::string server_bin = spec.bin_dir + "/pshard-server";
   const std::string trainer_bin = spec.bin_dir + "/pshard-trainer";
   std::vector<ChildProcess> servers, trainers;
@@ -175,6 +246,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                      absl::StrCat("--port_file=", port_file)};
     if (s > 0) argv.push_back(absl::StrCat("--coordinator=", addresses[0]));
     argv.insert(argv.end(), spec.server_flags.begin(), spec.server_flags.end());
+    argv.insert(argv.end(), server_security.begin(), server_security.end());
     const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, log);
     if (!child.ok()) return fail(child.status());
@@ -229,6 +301,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     }
     if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
+    argv.insert(argv.end(), trainer_security.begin(), trainer_security.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);
     if (!link_dir_flag.empty()) argv.push_back(link_dir_flag);
     const std::string step_log = absl::StrCat(spec.run_dir, "/trainer", r, ".steps.jsonl");

@@ -40,6 +40,13 @@ struct LocalClusterSpec {
   /// "emulated": loopback (with whatever emulation trainer_flags ask for).
   std::string link_mode;
   std::string kernel_rate;
+  /// Mutual TLS: a CA and per-role certificates are made in run_dir/tls
+  /// (bin_dir/pshard-make-certs.sh); servers, trainers and their calls to
+  /// each other use them.
+  bool tls = false;
+  /// Shared tokens: a token file of random tokens, one per role, is written
+  /// to run_dir/tokens (mode 0600) and given to every process.
+  bool tokens = false;
 };
 
 /// A topology file with every server and every trainer on its own node

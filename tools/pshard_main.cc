@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/link_rate.h"
+#include "common/security/flags.h"
 #include "lab/plan.h"
 #include "lab/plan_flags.h"
 #include "lab/plan_report.h"
@@ -118,6 +119,12 @@ ABSL_FLAG(std::string, device_flops, "auto",
 ABSL_FLAG(double, mfu, 0.5, "plan: the model FLOPs utilisation the trainers achieve, (0, 1]");
 ABSL_FLAG(double, optimizer_state_bytes, 12,
           "plan: optimizer state bytes per parameter for the ZeRO comparison (K; Adam with an fp32 master: 12)");
+ABSL_FLAG(bool, tls, false,
+          "local: mutual TLS between every process (a CA and per-role certificates are made in the run folder's "
+          "tls/ with pshard-make-certs.sh)");
+ABSL_FLAG(bool, auth_tokens, false,
+          "local: every call carries its role's token (a token file of random tokens is written to the run "
+          "folder)");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
 ABSL_FLAG(std::string, step_overhead, "0",
           "plan: time of every step the planner's event model does not see (servers' update, host work of the "
@@ -295,6 +302,14 @@ int RunLocal() {
     spec.paired = true;
   } else if (placement != "separate") {
     std::fprintf(stderr, "pshard local: --placement=%s is not separate or paired\n", placement.c_str());
+    return 2;
+  }
+  spec.tls = absl::GetFlag(FLAGS_tls);
+  spec.tokens = absl::GetFlag(FLAGS_auth_tokens);
+  if (pshard::SecurityOptionsFromFlags().any()) {
+    std::fprintf(stderr,
+                 "pshard local: --tls_cert, --tls_key, --tls_ca and --auth_token_file are for pshard status and "
+                 "the programs; pshard local makes its own with --tls and --auth_tokens\n");
     return 2;
   }
   spec.link_mode = absl::GetFlag(FLAGS_link_mode);
@@ -481,21 +496,28 @@ int RunStatus() {
                  "(--servers=host:port,host:port,...)\n");
     return 2;
   }
+  absl::StatusOr<std::shared_ptr<const pshard::ClientSecurity>> security =
+      pshard::ClientSecurity::Create(pshard::SecurityOptionsFromFlags(), pshard::Role::kReader);
+  if (!security.ok()) {
+    std::fprintf(stderr, "pshard status: %s\n", std::string(security.status().message()).c_str());
+    return 2;
+  }
+  const pshard::ClientSecurity* reader = security->get();
   if (servers.size() == 1) {
     absl::StatusOr<std::vector<std::string>> all =
-        pshard::DiscoverShardAddresses(servers[0], absl::GetFlag(FLAGS_timeout));
+        pshard::DiscoverShardAddresses(servers[0], absl::GetFlag(FLAGS_timeout), reader);
     if (all.ok()) {
       servers = std::move(*all);
     } else {
       // The table still shows the one server, UP or DOWN.
       std::fprintf(stderr, "pshard status: cannot find the rest of the job from %s: %s\n", servers[0].c_str(),
                    std::string(all.status().message()).c_str());
-      const pshard::ClusterStatus one = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout));
+      const pshard::ClusterStatus one = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout), reader);
       std::fputs(pshard::FormatClusterStatus(one).c_str(), stdout);
       return 1;
     }
   }
-  const pshard::ClusterStatus status = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout));
+  const pshard::ClusterStatus status = pshard::QueryClusterStatus(servers, absl::GetFlag(FLAGS_timeout), reader);
   std::fputs(pshard::FormatClusterStatus(status).c_str(), stdout);
   return status.Healthy() ? 0 : 1;
 }

@@ -168,7 +168,8 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs;
   JoinSpec join;
   for (const std::string& address : options.server_addresses) {
-    channels.push_back(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    channels.push_back(options.security ? options.security->NewChannel(address, args)
+                                        : grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     stubs.push_back(v1::ShardService::NewStub(channels.back()));
     join.stubs.push_back(stubs.back().get());
   }

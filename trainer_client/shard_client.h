@@ -20,6 +20,7 @@
 #include "common/deadline_timer.h"
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
+#include "common/security/security.h"
 #include "trainer_client/transport/link/link_emulator.h"
 
 namespace pshard {
@@ -123,6 +124,9 @@ class ShardClient {
     std::string transport = "auto";
     /// Per-server overrides of `transport`, keyed by address (a route plan).
     std::map<std::string, std::string> transport_by_address;
+    /// The credentials of every channel to the servers (null: plaintext,
+    /// no token).
+    std::shared_ptr<const ClientSecurity> security;
   };
 
   /// Joins every server, checks that they run the same job and together

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/link_rate.h"
+#include "common/security/flags.h"
 #include "common/signals.h"
 #include "absl/strings/numbers.h"
 #include "common/metrics/metrics_server.h"
@@ -161,6 +162,15 @@ int Run() {
   copts.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
   copts.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   copts.transport = absl::GetFlag(FLAGS_transport);
+  {
+    absl::StatusOr<std::shared_ptr<const pshard::ClientSecurity>> security =
+        pshard::ClientSecurity::Create(pshard::SecurityOptionsFromFlags(), pshard::Role::kTrainer);
+    if (!security.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", std::string(security.status().message()).c_str());
+      return 2;
+    }
+    copts.security = *security;
+  }
   copts.join_log = [rank = copts.trainer_rank](const std::string& line) {
     std::fprintf(stderr, "pshard-trainer %d: %s\n", rank, line.c_str());
   };

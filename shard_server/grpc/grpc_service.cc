@@ -232,7 +232,57 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   int chunks_ = 0;
 };
 
+// The longest host:port a peer may give for itself (Join, Announce): what
+// GetStatus lists stays far below its message limit.
+constexpr size_t kMaxAddressBytes = 256;
+
+// A streaming call refused before it started.
+class RefusedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedFetch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+class RefusedPush final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+ public:
+  explicit RefusedPush(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+bool Allowed(RpcMethod method, Role role) {
+  switch (method) {
+    case RpcMethod::kJoin:
+    case RpcMethod::kFetch:
+    case RpcMethod::kReadMaster:
+      return role == Role::kTrainer || role == Role::kReader;
+    case RpcMethod::kPush:
+    case RpcMethod::kRendezvous:
+      return role == Role::kTrainer;
+    case RpcMethod::kAgreeNorm:
+    case RpcMethod::kAnnounce:
+      return role == Role::kServer;
+    case RpcMethod::kGetStatus:
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+absl::Status ShardServiceImpl::Authorize(const grpc::CallbackServerContext* ctx, RpcMethod method,
+                                         bool needs_trainer) {
+  if (options_.authenticator == nullptr || !options_.authenticator->enabled()) return absl::OkStatus();
+  CallerCheck caller = options_.authenticator->Identify(*ctx);
+  if (caller.role && (!Allowed(method, *caller.role) || (needs_trainer && *caller.role != Role::kTrainer))) {
+    caller.failure = AuthFailure::kWrongRole;
+    caller.refusal = absl::PermissionDeniedError(
+        absl::StrCat("the ", RoleName(*caller.role), " role may not call ", RpcMethodName(method),
+                     needs_trainer ? " as a trainer" : ""));
+  }
+  if (caller.refusal.ok()) return absl::OkStatus();
+  metrics_->refused_calls(method, caller.failure).Increment();
+  return absl::Status(caller.refusal.code(),
+                      absl::StrCat("shard ", state_->shard_index(), ": ", caller.refusal.message()));
+}
 
 ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics,
                                    Options options)
@@ -270,10 +320,22 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
   const int rank = request->trainer_rank();
+  // A reader joins without a rank: it learns the job, but no trainer's
+  // place, gradient format or UCX session.
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kJoin, /*needs_trainer=*/rank >= 0); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kJoin, start, refused);
+    return reactor;
+  }
   if (rank < -1 || rank >= state_->job().num_trainers) {
     FinishUnary(reactor, RpcMethod::kJoin, start,
                 absl::InvalidArgumentError(
                     absl::StrCat("trainer rank ", rank, " is outside [0, ", state_->job().num_trainers, ")")));
+    return reactor;
+  }
+  if (request->metrics_address().size() > kMaxAddressBytes) {
+    FinishUnary(reactor, RpcMethod::kJoin, start,
+                absl::InvalidArgumentError(absl::StrCat("metrics address of ", request->metrics_address().size(),
+                                                        " bytes: at most ", kMaxAddressBytes)));
     return reactor;
   }
   std::optional<WireFormat> grads;
@@ -304,12 +366,14 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
                                                                     const grpc::ByteBuffer* request) {
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kFetch); !refused.ok()) return new RefusedFetch(refused);
   return new FetchReactor(state_, metrics_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
                           options_.fetch_chunk_bytes);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                                                    grpc::ByteBuffer* response) {
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kPush); !refused.ok()) return new RefusedPush(refused);
   return new PushReactor(state_, metrics_, ctx, response);
 }
 
@@ -318,6 +382,10 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
                                                       v1::NormAgreement* response) {
   const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kAgreeNorm); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start, refused);
+    return reactor;
+  }
   if (coordinator_ == nullptr) {
     FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
                 absl::FailedPreconditionError(absl::StrCat(
@@ -364,6 +432,11 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContext* ctx, const v1::StatusRequest*,
                                                       v1::StatusResponse* response) {
   const absl::Time start = absl::Now();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kGetStatus); !refused.ok()) {
+    auto* reactor = ctx->DefaultReactor();
+    FinishUnary(reactor, RpcMethod::kGetStatus, start, refused);
+    return reactor;
+  }
   const ShardState::Counters c = state_->counters();
   response->set_shard_index(state_->shard_index());
   response->set_current_step(state_->current_step());
@@ -395,6 +468,10 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Announce(grpc::CallbackServerContext
                                                      const v1::AnnounceRequest* request, v1::AnnounceResponse*) {
   const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kAnnounce); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kAnnounce, start, refused);
+    return reactor;
+  }
   absl::Status refused;
   if (coordinator_ == nullptr) {
     refused = absl::FailedPreconditionError(
@@ -404,7 +481,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Announce(grpc::CallbackServerContext
         "shard ", request->shard_index(), " runs a different job (model, optimizer, seed or counts differ)"));
   } else if (request->shard_index() <= 0 || request->shard_index() >= state_->job().num_shards) {
     refused = absl::InvalidArgumentError(absl::StrCat("shard index ", request->shard_index(), " is out of range"));
-  } else if (request->port() <= 0 || request->port() > 65535 || request->advertised_address().size() > 256) {
+  } else if (request->port() <= 0 || request->port() > 65535 || request->advertised_address().size() > kMaxAddressBytes) {
     refused = absl::InvalidArgumentError("announced port or address out of range");
   }
   std::string address = request->advertised_address();
@@ -431,6 +508,10 @@ grpc::ServerUnaryReactor* ShardServiceImpl::ReadMaster(grpc::CallbackServerConte
                                                        v1::ReadMasterResponse* response) {
   const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kReadMaster); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kReadMaster, start, refused);
+    return reactor;
+  }
   if (request->unit() < 0 || request->unit() >= state_->num_units()) {
     FinishUnary(reactor, RpcMethod::kReadMaster, start,
                 absl::NotFoundError(absl::StrCat("unknown unit ", request->unit())));
@@ -448,6 +529,10 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Rendezvous(grpc::CallbackServerConte
                                                        v1::RendezvousResponse* response) {
   const absl::Time start = absl::Now();
   auto* reactor = ctx->DefaultReactor();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kRendezvous); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kRendezvous, start, refused);
+    return reactor;
+  }
   // Members of a group may start minutes apart (image pulls, scheduling):
   // the client's deadline bounds the wait.
   rendezvous_.Post(request->group(), request->member(), request->size(), request->payload(),

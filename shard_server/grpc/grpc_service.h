@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/security/caller_authenticator.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/norm_coordinator.h"
 #include "shard_server/rendezvous.h"
@@ -41,6 +42,8 @@ class ShardServiceImpl final : public ShardServiceBase {
     /// shard 0 gives for itself in GetStatus (its listening address).
     std::string coordinator_address;
     std::string own_address;
+    /// Checks every call's caller (not owned); null: every caller is served.
+    CallerAuthenticator* authenticator = nullptr;
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
@@ -78,6 +81,12 @@ class ShardServiceImpl final : public ShardServiceBase {
   static absl::Time WaitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration limit);
 
  private:
+  /// The refusal of a call whose caller may not make it (counted), or OK.
+  /// Who may call what: trainers join, fetch, push and meet in rendezvous;
+  /// servers agree norms and announce themselves; readers (tools) join
+  /// without a rank, fetch and read masters; every role reads the status.
+  /// `needs_trainer`: only the trainer role will do (a Join with a rank).
+  absl::Status Authorize(const grpc::CallbackServerContext* ctx, RpcMethod method, bool needs_trainer = false);
   /// Finishes a unary call, recording its duration and any refusal.
   void FinishUnary(grpc::ServerUnaryReactor* reactor, RpcMethod method, absl::Time start,
                    const absl::Status& status);

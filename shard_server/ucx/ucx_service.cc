@@ -105,6 +105,7 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
   }
   const std::optional<int> rank = self->tokens->Lookup(h.token);
   if (!rank) {
+    self->metrics->refused_calls(RpcMethod::kFetch, AuthFailure::kUnknownSession).Increment();
     self->Refuse(ep, ucx::kFetchReply, h.request_id, UnknownToken());
     return UCS_OK;
   }
@@ -157,7 +158,16 @@ void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, c
 // ---- push ----
 
 absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length, WireFormat* format) const {
-  if (!tokens->Lookup(h.token)) return UnknownToken();
+  // The session must be one a trainer among the push's ranks was given at
+  // Join: a reader's, or another trainer's, does not push.
+  const std::optional<int> rank = tokens->Lookup(h.token);
+  if (!rank || *rank < h.trainer || *rank >= h.trainer + std::max(1, h.rank_count)) {
+    metrics->refused_calls(RpcMethod::kPush, AuthFailure::kUnknownSession).Increment();
+    if (!rank) return UnknownToken();
+    return absl::PermissionDeniedError(absl::StrCat("this UCX session was given to ",
+                                                    *rank < 0 ? std::string("a reader") : absl::StrCat("trainer ", *rank),
+                                                    ", which may not push as trainer ", h.trainer));
+  }
   ASSIGN_OR_RETURN(*format, FormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
   RETURN_IF_ERROR(state->CheckPush(id));

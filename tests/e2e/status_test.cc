@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -279,6 +280,83 @@ TEST(StatusE2E, NeedsServerAddresses) {
   const CommandResult status = RunCommand(absl::StrCat(PSHARD_BIN_DIR, "/pshard status 2>&1"));
   EXPECT_EQ(status.exit_code, 2) << status.output;
   EXPECT_TRUE(absl::StrContains(status.output, "--servers=host:port")) << status.output;
+}
+
+// A job with mutual TLS and tokens (pshard local --tls --auth_tokens): its
+// checkpoints are the bytes of the same job in plaintext, and pshard status
+// reads it only with the reader's credentials it printed.
+TEST(StatusE2E, ATlsJobTrainsLikeAPlaintextOneAndStatusNeedsAReader) {
+  const std::vector<std::string> job = {"--servers=2", "--trainers=2", "--layers=1", "--d_model=32", "--heads=2",
+                                        "--context=16", "--seq_len=16", "--log_every=1", "--encoding=fp32"};
+  auto train = [&](std::vector<std::string> extra) {
+    const std::string run_dir = MakeRunDir();
+    std::vector<std::string> flags = job;
+    flags.push_back("--steps=4");
+    flags.push_back(absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt"));
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto launcher = StartLocal(run_dir, flags);
+    EXPECT_TRUE(launcher.ok()) << launcher.status();
+    if (launcher.ok()) EXPECT_EQ(launcher->WaitUntil(absl::Now() + absl::Minutes(2)), 0) << ReadFile(run_dir + "/launcher.log");
+    return run_dir;
+  };
+  const std::string plain = train({});
+  const std::string secured = train({"--tls", "--auth_tokens"});
+  EXPECT_NE(ReadFile(secured + "/server1.log").find("(TLS, client certificates required, tokens required)"),
+            std::string::npos)
+      << ReadFile(secured + "/server1.log");
+  for (int s = 0; s < 2; ++s) {
+    const std::string name = absl::StrFormat("shard-%d-of-2.step-%010d.ckpt", s, 4);
+    const std::string want = ReadFile(absl::StrCat(plain, "/ckpt/", name));
+    ASSERT_FALSE(want.empty()) << name << " is missing";
+    EXPECT_TRUE(ReadFile(absl::StrCat(secured, "/ckpt/", name)) == want) << name << " differs";
+  }
+
+  const std::string run_dir = MakeRunDir();
+  std::vector<std::string> flags = job;
+  flags.insert(flags.end(), {"--steps=100000", "--tls", "--auth_tokens"});
+  auto launcher = StartLocal(run_dir, flags);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  struct StopOnExit {
+    ChildProcess& child;
+    ~StopOnExit() {
+      if (!child.Poll()) {
+        child.Signal(SIGINT);
+        child.WaitUntil(absl::Now() + absl::Seconds(60));
+      }
+    }
+  } stop{*launcher};
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).empty()) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    ASSERT_LT(absl::Now(), deadline) << "no step logged:\n" << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::string log = ReadFile(run_dir + "/launcher.log");
+  const std::string marker = "pshard status needs ";
+  const size_t at = log.find(marker);
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string reader = log.substr(at + marker.size(), log.find('\n', at) - at - marker.size());
+  EXPECT_NE(reader.find("/tls/reader/tls.crt"), std::string::npos) << reader;
+  const std::vector<std::string> servers = LocalServerAddresses(run_dir, 2);
+  ASSERT_EQ(servers.size(), 2u);
+
+  const CommandResult anonymous = RunCommand(StatusCommand({servers[0]}, "--timeout=5s"));
+  EXPECT_EQ(anonymous.exit_code, 1) << anonymous.output;
+  EXPECT_NE(anonymous.output.find("DOWN"), std::string::npos) << anonymous.output;
+  const CommandResult with_reader = RunCommand(StatusCommand({servers[0]}, reader));
+  EXPECT_EQ(with_reader.exit_code, 0) << with_reader.output;
+  EXPECT_EQ(TableRows(with_reader.output, "shard").size(), 2u) << with_reader.output;
+  // A trainer's certificate is not the reader's: status (which reads
+  // trainers' metrics too) still answers, since every role may read status,
+  // but the token of the reader then mismatches the certificate.
+  std::string as_trainer = reader;
+  for (const char* file : {"tls.crt", "tls.key"}) {
+    const std::string from = absl::StrCat("/reader/", file);
+    as_trainer.replace(as_trainer.find(from), from.size(), absl::StrCat("/trainer/", file));
+  }
+  const CommandResult mismatched = RunCommand(StatusCommand({servers[0]}, as_trainer));
+  EXPECT_EQ(mismatched.exit_code, 1) << mismatched.output;
+  EXPECT_NE(mismatched.output.find("differ"), std::string::npos) << mismatched.output;
 }
 
 }  // namespace

@@ -8,6 +8,10 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/shard.grpc.pb.h"
+#include "tools/cluster_status.h"
+#include "tests/testutil/cluster_training.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
 #include "tests/testutil/reference_training.h"
@@ -153,6 +157,70 @@ TEST(UcxTest, PeerThatDidNotJoinIsRefusedAndChangesNothing) {
   auto client = (*cluster)->Connect(0, WireEncoding::kFp32, "ucx");
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
+  auto trained = (*cluster)->ReadMasterWeights(kSteps);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  EXPECT_TRUE(BitIdentical(*trained, Reference(job, WireEncoding::kFp32, kSteps)));
+}
+
+// A session token is the rank's that joined for it: a reader's token, or
+// another trainer's, does not push as trainer 0 over UCX. Each refusal is
+// counted, and nothing changes.
+TEST(UcxTest, ASessionPushesOnlyForTheRankThatJoined) {
+  const JobConfig job = Job(1, 2);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const UnitPartition& p = (*cluster)->server(0).state().layout().partitions[0];
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel((*cluster)->addresses()[0], grpc::InsecureChannelCredentials()));
+  auto join = [&](int rank) {
+    grpc::ClientContext ctx;
+    v1::JoinRequest request;
+    request.set_trainer_rank(rank);
+    v1::JoinResponse response;
+    EXPECT_TRUE(stub->Join(&ctx, request, &response).ok());
+    return response.session_token();
+  };
+  auto context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  auto refused = [&] {
+    absl::StatusOr<MetricsText> page = ParseMetricsText((*cluster)->server(0).registry().Serialize());
+    EXPECT_TRUE(page.ok());
+    return SampleValue(*page, "pshard_server_refused_calls_total", {{"method", "Push"}, {"reason", "unknown_session"}})
+        .value_or(-1);
+  };
+  for (auto [rank, who] : {std::pair{-1, "a reader"}, std::pair{1, "trainer 1"}}) {
+    UcxTransport::Spec spec;
+    spec.context = context->get();
+    spec.address = (*cluster)->addresses()[0];
+    spec.ucx_address = (*cluster)->server(0).ucx_address();
+    spec.session_token = join(rank);
+    spec.rpc_timeout = absl::Seconds(10);
+    auto peer = UcxTransport::Create(spec);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    const double before = refused();
+    auto grads = std::make_shared<const std::vector<float>>(p.padded_numel(), 1.0f);
+    PushArgs push{0, 0, WireEncoding::kFp32, 0, 1, 0, p.Slice(0)};
+    absl::Notification done;
+    absl::Status pushed;
+    (*peer)->Push(push, grads, [&](absl::Status s, int64_t) {
+      pushed = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    EXPECT_EQ(pushed.code(), absl::StatusCode::kPermissionDenied) << pushed;
+    EXPECT_NE(pushed.message().find(absl::StrCat("this UCX session was given to ", who)), std::string::npos)
+        << pushed;
+    EXPECT_EQ(refused(), before + 1);
+  }
+  // Nothing was taken for trainer 0: the real trainers train to the
+  // reference's bits.
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 0);
+  ClusterTraining how;
+  how.encoding = WireEncoding::kFp32;
+  how.transport = "ucx";
+  how.trainer = Tiny();
+  how.steps = kSteps;
+  ASSERT_TRUE(TrainInThreads(**cluster, 2, TestCorpus(), how).ok());
   auto trained = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(trained.ok()) << trained.status();
   EXPECT_TRUE(BitIdentical(*trained, Reference(job, WireEncoding::kFp32, kSteps)));

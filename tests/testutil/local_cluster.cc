@@ -6,6 +6,7 @@ namespace pshard::testing {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfig& job, Options options) {
   auto cluster = std::make_unique<LocalCluster>();
+  cluster->client_security_ = options.client_security;
   for (int s = 0; s < job.num_shards; ++s) {
     ShardServer::Spec spec;
     spec.job = job;
@@ -23,6 +24,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.checkpoint_keep = options.checkpoint_keep;
     spec.start_fresh = options.start_fresh;
     spec.allow_schedule_change = options.allow_schedule_change;
+    spec.security = options.security;
     ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
     cluster->servers_.push_back(std::move(server));
   }
@@ -46,6 +48,8 @@ absl::StatusOr<std::unique_ptr<ShardClient>> LocalCluster::Connect(int rank, Wir
   options.join_timeout = absl::Seconds(10);
   options.rpc_timeout = absl::Seconds(60);
   options.transport = transport;
+  const Role role = rank >= 0 ? Role::kTrainer : Role::kReader;
+  ASSIGN_OR_RETURN(options.security, ClientSecurity::Create(client_security_[static_cast<int>(role)], role));
   return ShardClient::Connect(options);
 }
 

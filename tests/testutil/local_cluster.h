@@ -2,6 +2,7 @@
 #ifndef PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_
 #define PSHARD_TESTS_TESTUTIL_LOCAL_CLUSTER_H_
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/job_config.h"
+#include "common/security/security.h"
 #include "shard_server/server.h"
 #include "trainer_client/shard_client.h"
 
@@ -29,6 +31,11 @@ class LocalCluster {
     int checkpoint_keep = 2;
     bool start_fresh = false;
     bool allow_schedule_change = false;
+    /// The servers' TLS and token settings.
+    SecurityOptions security;
+    /// The credentials Connect and ReadMasterWeights use, by role (a rank
+    /// connects as a trainer, -1 as a reader).
+    std::array<SecurityOptions, kNumRoles> client_security;
   };
   /// Starts shard 0 (the coordinator) and then shards 1..N-1.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const JobConfig& job, Options options);
@@ -54,6 +61,7 @@ class LocalCluster {
 
  private:
   std::vector<std::unique_ptr<ShardServer>> servers_;
+  std::array<SecurityOptions, kNumRoles> client_security_;
 };
 
 }  // namespace pshard::testing

@@ -256,6 +256,48 @@ TEST(EntrypointRole, HealthChecksTheLocalPort) {
   EXPECT_THAT(Error({"health"}, With({{"PSHARD_PORT", "http"}})), HasSubstr("PSHARD_PORT=\"http\""));
 }
 
+// ------------------------------------------------------------ security ----
+
+TEST(EntrypointSecurity, AMountedTlsFolderAndATokenFileBecomeFlags) {
+  Environment env = TrainerBase();
+  env["PSHARD_RANK"] = "0";
+  env["PSHARD_TLS_DIR"] = "/etc/pshard/tls";
+  env["PSHARD_TLS_SERVER_NAME"] = "pshard-server";
+  env["PSHARD_AUTH_TOKEN_FILE"] = "/etc/pshard/tokens";
+  Facts facts = With(env);
+  facts.file_exists = [](const std::string& path) { return path.rfind("/etc/pshard/", 0) == 0; };
+  LaunchPlan plan = Ok({"trainer"}, facts);
+  EXPECT_THAT(plan.args, ::testing::IsSupersetOf({std::string("--tls_cert=/etc/pshard/tls/tls.crt"),
+                                                 std::string("--tls_key=/etc/pshard/tls/tls.key"),
+                                                 std::string("--tls_ca=/etc/pshard/tls/ca.crt"),
+                                                 std::string("--tls_server_name=pshard-server"),
+                                                 std::string("--auth_token_file=/etc/pshard/tokens")}));
+  // The health check verifies the server with the CA, and sends nothing.
+  facts.env = {{"PSHARD_TLS_DIR", "/etc/pshard/tls"}};
+  plan = Ok({"health"}, facts);
+  EXPECT_EQ(plan.health_tls_ca, "/etc/pshard/tls/ca.crt");
+  EXPECT_EQ(plan.health_tls_server_name, "localhost");
+}
+
+TEST(EntrypointSecurity, MissingFilesAndANameWithoutTlsAreRefused) {
+  Environment env = TrainerBase();
+  env["PSHARD_RANK"] = "0";
+  env["PSHARD_TLS_SERVER_NAME"] = "pshard-server";
+  EXPECT_THAT(Error({"trainer"}, With(env)), HasSubstr("PSHARD_TLS_SERVER_NAME is set but PSHARD_TLS_DIR is not"));
+  env = TrainerBase();
+  env["PSHARD_RANK"] = "0";
+  env["PSHARD_TLS_DIR"] = "/secrets";
+  Facts facts = With(env);
+  facts.file_exists = [](const std::string& path) { return path != "/secrets/tls.key"; };
+  EXPECT_THAT(Error({"trainer"}, facts), HasSubstr("PSHARD_TLS_DIR=/secrets has no readable tls.key"));
+  env = TrainerBase();
+  env["PSHARD_RANK"] = "0";
+  env["PSHARD_AUTH_TOKEN_FILE"] = "/secrets/tokens";
+  facts = With(env);
+  facts.file_exists = [](const std::string&) { return false; };
+  EXPECT_THAT(Error({"trainer"}, facts), HasSubstr("PSHARD_AUTH_TOKEN_FILE=/secrets/tokens cannot be read"));
+}
+
 // -------------------------------------------------------- link shaping ----
 
 TEST(EntrypointShaping, RootShapesWithTbfAndDropsToThePshardUser) {

@@ -1,0 +1,435 @@
+// Strangers: against real TLS and token-checking shard servers, every RPC
+// is refused to a caller without a certificate, with one from another CA,
+// with a role the call is not for, or with a wrong token; each refusal is
+// counted by method and reason and changes nothing; then the right
+// credentials train to the same bits as a plaintext job. Certificates come
+// from tools/make-certs.sh, as users make them.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/security/caller_authenticator.h"
+#include "common/status_macros.h"
+#include "common/security/security.h"
+#include "gtest/gtest.h"
+#include "proto/rpc_util.h"
+#include "proto/shard.grpc.pb.h"
+#include "shard_server/server_metrics.h"
+#include "tests/testutil/local_cluster.h"
+#include "tests/testutil/reference_training.h"
+#include "tests/testutil/tiny_job.h"
+#include "tools/cluster_status.h"
+#include "trainer_client/trainer.h"
+
+namespace pshard::testing {
+namespace {
+
+constexpr int kSteps = 3;
+
+// A CA with its three role certificates ("good"), another CA with its own
+// ("other"), the job's token file and a file of other tokens.
+struct Credentials {
+  std::string dir;
+  std::string good, other, tokens, wrong_tokens;
+};
+
+void WriteTokens(const std::string& path, const std::string& seed) {
+  std::ofstream(path) << "server " << seed << "-server-0123456789\n"
+                      << "trainer " << seed << "-trainer-0123456789\n"
+                      << "reader " << seed << "-reader-0123456789\n";
+}
+
+const Credentials& Made() {
+  static const Credentials* made = [] {
+    auto* c = new Credentials();
+    c->dir = absl::StrCat(::testing::TempDir(), "/pshard-security-", getpid());
+    c->good = c->dir + "/good";
+    c->other = c->dir + "/other";
+    for (const std::string& d : {c->good, c->other}) {
+      const std::string command = absl::StrCat(PSHARD_SOURCE_DIR, "/tools/make-certs.sh ", d, " > /dev/null");
+      EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    }
+    c->tokens = c->dir + "/tokens";
+    c->wrong_tokens = c->dir + "/wrong-tokens";
+    WriteTokens(c->tokens, "job");
+    WriteTokens(c->wrong_tokens, "stranger");
+    return c;
+  }();
+  return *made;
+}
+
+enum class Mode { kTls, kTokens, kTlsAndTokens };
+std::string ModeName(Mode m) { return m == Mode::kTls ? "Tls" : m == Mode::kTokens ? "Tokens" : "TlsAndTokens"; }
+bool UsesTls(Mode m) { return m != Mode::kTokens; }
+bool UsesTokens(Mode m) { return m != Mode::kTls; }
+
+// A role's own credentials in this mode.
+SecurityOptions Own(Mode mode, Role role) {
+  const Credentials& c = Made();
+  SecurityOptions o;
+  if (UsesTls(mode)) {
+    o.tls_cert = absl::StrCat(c.good, "/", RoleName(role), "/tls.crt");
+    o.tls_key = absl::StrCat(c.good, "/", RoleName(role), "/tls.key");
+    o.tls_ca = c.good + "/ca.pem";
+  }
+  if (UsesTokens(mode)) o.auth_token_file = c.tokens;
+  return o;
+}
+
+// One kind of bad caller: its credentials, the role it claims, and the
+// reason the server must count.
+struct Stranger {
+  std::string name;
+  SecurityOptions options;
+  AuthFailure reason;
+};
+
+std::vector<Stranger> Strangers(Mode mode) {
+  const Credentials& c = Made();
+  std::vector<Stranger> out;
+  if (UsesTls(mode)) {
+    SecurityOptions none = Own(mode, Role::kTrainer);
+    none.tls_cert.clear();
+    none.tls_key.clear();
+    out.push_back({"no certificate", none, AuthFailure::kNoCredentials});
+    SecurityOptions foreign = Own(mode, Role::kTrainer);
+    foreign.tls_cert = c.other + "/trainer/tls.crt";
+    foreign.tls_key = c.other + "/trainer/tls.key";
+    out.push_back({"a certificate of another CA", foreign, AuthFailure::kUntrustedCertificate});
+  }
+  if (UsesTokens(mode)) {
+    SecurityOptions wrong = Own(mode, Role::kTrainer);
+    wrong.auth_token_file = c.wrong_tokens;
+    out.push_back({"a wrong token", wrong, AuthFailure::kWrongToken});
+  }
+  if (mode == Mode::kTokens) {
+    // Without TLS a token-less caller is simply one without credentials.
+    SecurityOptions none = Own(mode, Role::kTrainer);
+    none.auth_token_file.clear();
+    out.push_back({"no token", none, AuthFailure::kNoCredentials});
+  }
+  return out;
+}
+
+// The role that may not make each call (GetStatus is every role's).
+std::optional<Role> WrongRoleFor(RpcMethod m) {
+  switch (m) {
+    case RpcMethod::kJoin:
+    case RpcMethod::kFetch:
+    case RpcMethod::kReadMaster:
+      return Role::kServer;
+    case RpcMethod::kPush:
+    case RpcMethod::kRendezvous:
+      return Role::kReader;
+    case RpcMethod::kAgreeNorm:
+    case RpcMethod::kAnnounce:
+      return Role::kTrainer;
+    case RpcMethod::kGetStatus:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+constexpr RpcMethod kMethods[] = {RpcMethod::kJoin,      RpcMethod::kFetch,      RpcMethod::kPush,
+                                  RpcMethod::kAgreeNorm, RpcMethod::kGetStatus,  RpcMethod::kReadMaster,
+                                  RpcMethod::kRendezvous, RpcMethod::kAnnounce};
+
+// Makes one well-formed call of `method` to shard 0 that, if accepted, would
+// change its state (join as trainer 0, push a gradient, report a norm for
+// step 0, take a rendezvous seat, announce shard 1 elsewhere).
+grpc::Status Call(v1::ShardService::Stub* stub, RpcMethod method, const ShardState& state) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  switch (method) {
+    case RpcMethod::kJoin: {
+      v1::JoinRequest request;
+      request.set_trainer_rank(0);
+      request.set_metrics_address("stranger:1");
+      v1::JoinResponse response;
+      return stub->Join(&ctx, request, &response);
+    }
+    case RpcMethod::kFetch: {
+      v1::FetchRequest request;
+      request.set_unit(0);
+      request.set_version(0);
+      request.set_encoding(v1::ENCODING_FP32);
+      auto reader = stub->Fetch(&ctx, request);
+      v1::FetchChunk chunk;
+      while (reader->Read(&chunk)) {
+      }
+      return reader->Finish();
+    }
+    case RpcMethod::kPush: {
+      v1::PushResponse response;
+      auto writer = stub->Push(&ctx, &response);
+      v1::PushChunk chunk;
+      chunk.set_unit(0);
+      chunk.set_step(0);
+      chunk.set_trainer_rank(0);
+      chunk.set_encoding(v1::ENCODING_FP32);
+      chunk.set_slice_length(state.slice_length(0));
+      chunk.set_data(std::string(static_cast<size_t>(state.slice_length(0)) * 4, '\x01'));
+      writer->Write(chunk);
+      writer->WritesDone();
+      return writer->Finish();
+    }
+    case RpcMethod::kAgreeNorm: {
+      v1::NormReport request;
+      request.set_shard_index(1);
+      request.set_step(0);
+      request.set_sum_of_squares(1e30);
+      request.set_job_fingerprint(JobFingerprint(state.job()));
+      v1::NormAgreement response;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      return stub->AgreeNorm(&ctx, request, &response);
+    }
+    case RpcMethod::kGetStatus: {
+      v1::StatusResponse response;
+      return stub->GetStatus(&ctx, v1::StatusRequest(), &response);
+    }
+    case RpcMethod::kReadMaster: {
+      v1::ReadMasterRequest request;
+      request.set_unit(0);
+      v1::ReadMasterResponse response;
+      return stub->ReadMaster(&ctx, request, &response);
+    }
+    case RpcMethod::kRendezvous: {
+      v1::RendezvousRequest request;
+      request.set_group("fabric:0,1");
+      request.set_member(0);
+      request.set_size(2);
+      request.set_payload("stranger");
+      v1::RendezvousResponse response;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+      return stub->Rendezvous(&ctx, request, &response);
+    }
+    case RpcMethod::kAnnounce: {
+      v1::AnnounceRequest request;
+      request.set_shard_index(1);
+      request.set_port(1);
+      request.set_advertised_address("stranger:1");
+      request.set_job_fingerprint(JobFingerprint(state.job()));
+      v1::AnnounceResponse response;
+      return stub->Announce(&ctx, request, &response);
+    }
+  }
+  return grpc::Status(grpc::StatusCode::INTERNAL, "no such method");
+}
+
+double Refused(ShardServer& server, RpcMethod method, AuthFailure reason) {
+  absl::StatusOr<MetricsText> page = ParseMetricsText(server.registry().Serialize());
+  EXPECT_TRUE(page.ok()) << page.status();
+  if (!page.ok()) return -1;
+  absl::StatusOr<double> v = SampleValue(*page, "pshard_server_refused_calls_total",
+                                         {{"method", RpcMethodName(method)}, {"reason", AuthFailureName(reason)}});
+  EXPECT_TRUE(v.ok()) << v.status();
+  return v.value_or(-1);
+}
+
+absl::Status Train(ShardClient* client, int steps) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(client, &TestCorpus(), TinyTrainerOptions(5)));
+  for (int64_t step = 0; step < steps; ++step) RETURN_IF_ERROR(trainer->RunStep(step).status());
+  return absl::OkStatus();
+}
+
+class SecurityTest : public ::testing::TestWithParam<Mode> {
+ protected:
+  static LocalCluster::Options Secured(Mode mode) {
+    LocalCluster::Options options;
+    options.security = Own(mode, Role::kServer);
+    for (int r = 0; r < kNumRoles; ++r) options.client_security[r] = Own(mode, static_cast<Role>(r));
+    return options;
+  }
+};
+
+TEST_P(SecurityTest, EveryRpcRefusesStrangersCountsThemAndChangesNothing) {
+  const Mode mode = GetParam();
+  const JobConfig job = TinyGptJob(2, 1, kSteps);
+  auto cluster = LocalCluster::Start(job, Secured(mode));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ShardServer& shard0 = (*cluster)->server(0);
+  auto before = (*cluster)->ReadMasterWeights();
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string address = (*cluster)->addresses()[0];
+
+  auto expect_refused = [&](const std::string& who, const SecurityOptions& options, Role role, RpcMethod method,
+                            AuthFailure reason) {
+    auto security = ClientSecurity::Create(options, role);
+    ASSERT_TRUE(security.ok()) << who << ": " << security.status();
+    auto stub = v1::ShardService::NewStub((*security)->NewChannel(address));
+    const double counted = Refused(shard0, method, reason);
+    const grpc::Status s = Call(stub.get(), method, shard0.state());
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                s.error_code() == grpc::StatusCode::PERMISSION_DENIED)
+        << RpcMethodName(method) << " by " << who << ": " << s.error_code() << " " << s.error_message();
+    EXPECT_NE(s.error_message().find("shard 0: "), std::string::npos) << s.error_message();
+    EXPECT_EQ(Refused(shard0, method, reason), counted + 1) << RpcMethodName(method) << " by " << who;
+  };
+
+  for (RpcMethod method : kMethods) {
+    for (const Stranger& stranger : Strangers(mode)) {
+      expect_refused(stranger.name, stranger.options, Role::kTrainer, method, stranger.reason);
+    }
+    if (std::optional<Role> wrong = WrongRoleFor(method)) {
+      expect_refused(absl::StrCat("the ", RoleName(*wrong), " role"), Own(mode, *wrong), *wrong, method,
+                     AuthFailure::kWrongRole);
+    }
+    if (mode == Mode::kTlsAndTokens) {
+      // A trainer's certificate with the reader's token.
+      expect_refused("a certificate and a token of different roles", Own(mode, Role::kTrainer), Role::kReader,
+                     method, AuthFailure::kRoleMismatch);
+    }
+  }
+
+  // Nothing changed: no step, no trainer joined, no norm or seat taken,
+  // shard 1's address as it announced it, the same weights.
+  EXPECT_EQ(shard0.state().current_step(), 0);
+  auto reader = ClientSecurity::Create(Own(mode, Role::kReader), Role::kReader);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto stub = v1::ShardService::NewStub((*reader)->NewChannel(address));
+  grpc::ClientContext ctx;
+  v1::StatusResponse status;
+  ASSERT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+  EXPECT_EQ(status.joined_trainers_size(), 0);
+  ASSERT_EQ(status.shard_addresses_size(), 2);
+  EXPECT_EQ(status.shard_addresses(1), (*cluster)->addresses()[1]);
+  auto after = (*cluster)->ReadMasterWeights();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(BitIdentical(*after, *before));
+
+  // The job itself trains (shard 1 agrees norms with shard 0 as a server),
+  // to the bits of plaintext training.
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(Train(client->get(), kSteps).ok());
+  auto trained = (*cluster)->ReadMasterWeights(kSteps);
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  auto plain_cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(plain_cluster.ok()) << plain_cluster.status();
+  auto plain_client = (*plain_cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(plain_client.ok()) << plain_client.status();
+  ASSERT_TRUE(Train(plain_client->get(), kSteps).ok());
+  auto plain = (*plain_cluster)->ReadMasterWeights(kSteps);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(BitIdentical(*trained, *plain));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SecurityTest, ::testing::Values(Mode::kTls, Mode::kTokens, Mode::kTlsAndTokens),
+                         [](const auto& info) { return ModeName(info.param); });
+
+// A plaintext client cannot talk to a TLS server at all, and a TLS client
+// checks the server: a server whose certificate is of another CA, or names
+// another host, is not trusted.
+TEST(SecurityTest, ClientsTrustOnlyTheirCaAndTheServersName) {
+  const Credentials& c = Made();
+  const JobConfig job = TinyGptJob(1, 1, kSteps);
+  LocalCluster::Options options;
+  options.security = Own(Mode::kTls, Role::kServer);
+  auto cluster = LocalCluster::Start(job, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->addresses()[0];
+  auto status_with = [&](const SecurityOptions& o) {
+    auto security = ClientSecurity::Create(o, Role::kReader);
+    EXPECT_TRUE(security.ok()) << security.status();
+    auto stub = v1::ShardService::NewStub((*security)->NewChannel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    v1::StatusResponse response;
+    return stub->GetStatus(&ctx, v1::StatusRequest(), &response);
+  };
+  EXPECT_FALSE(status_with(SecurityOptions()).ok());  // plaintext to a TLS port
+  SecurityOptions other_ca = Own(Mode::kTls, Role::kReader);
+  other_ca.tls_ca = c.other + "/ca.pem";
+  EXPECT_EQ(status_with(other_ca).error_code(), grpc::StatusCode::UNAVAILABLE);
+  SecurityOptions other_name = Own(Mode::kTls, Role::kReader);
+  other_name.tls_server_name = "pshard-server-7.example";
+  EXPECT_EQ(status_with(other_name).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(status_with(Own(Mode::kTls, Role::kReader)).ok());
+}
+
+// Rotation: the server re-reads its CA file when it changes. A client of a
+// new CA is refused until the server's CA file holds the new CA too.
+TEST(SecurityTest, ANewCaIsTrustedOnceTheCaFileHoldsIt) {
+  const Credentials& c = Made();
+  const std::string ca = Made().dir + "/rotating-ca.pem";
+  std::filesystem::copy_file(c.good + "/ca.pem", ca, std::filesystem::copy_options::overwrite_existing);
+  LocalCluster::Options options;
+  options.security = Own(Mode::kTls, Role::kServer);
+  options.security.tls_ca = ca;
+  options.security.reload_interval = absl::Seconds(1);
+  auto cluster = LocalCluster::Start(TinyGptJob(1, 1, kSteps), options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  SecurityOptions newcomer;
+  newcomer.tls_cert = c.other + "/reader/tls.crt";
+  newcomer.tls_key = c.other + "/reader/tls.key";
+  newcomer.tls_ca = c.good + "/ca.pem";  // the server's certificate is still the old CA's
+  auto security = ClientSecurity::Create(newcomer, Role::kReader);
+  ASSERT_TRUE(security.ok()) << security.status();
+  auto stub = v1::ShardService::NewStub((*security)->NewChannel((*cluster)->addresses()[0]));
+  auto status = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+    v1::StatusResponse response;
+    return stub->GetStatus(&ctx, v1::StatusRequest(), &response);
+  };
+  EXPECT_EQ(status().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // Both CAs, written whole and renamed in, as secret mounts update.
+  std::ofstream(ca + ".new") << std::ifstream(c.good + "/ca.pem").rdbuf() << std::ifstream(c.other + "/ca.pem").rdbuf();
+  std::filesystem::rename(ca + ".new", ca);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  grpc::Status s = status();
+  while (!s.ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    s = status();
+  }
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+TEST(SecurityTest, BadSettingsAreRefusedNamingTheFlag) {
+  const Credentials& c = Made();
+  SecurityOptions half;
+  half.tls_cert = c.good + "/server/tls.crt";
+  EXPECT_NE(half.Validate(true).message().find("--tls_cert and --tls_key"), std::string::npos);
+  SecurityOptions missing = Own(Mode::kTls, Role::kServer);
+  missing.tls_ca = c.dir + "/no-such-ca.pem";
+  EXPECT_NE(missing.Validate(true).message().find("--tls_ca="), std::string::npos);
+  SecurityOptions client_without_ca = Own(Mode::kTls, Role::kTrainer);
+  client_without_ca.tls_ca.clear();
+  EXPECT_FALSE(ClientSecurity::Create(client_without_ca, Role::kTrainer).ok());
+
+  const std::string tokens = c.dir + "/bad-tokens";
+  auto refused = [&](const std::string& text, const std::string& why) {
+    std::ofstream(tokens) << text;
+    absl::StatusOr<std::array<std::string, kNumRoles>> read = ReadTokenFile(tokens);
+    ASSERT_FALSE(read.ok()) << text;
+    EXPECT_NE(read.status().message().find(why), std::string::npos) << read.status();
+  };
+  refused("admin 0123456789abcdef0123\n", "unknown role \"admin\"");
+  refused("trainer short\n", "shorter than 16");
+  refused("trainer 0123456789abcdef0123\ntrainer 1123456789abcdef0123\n", "listed twice");
+  refused("trainer 0123456789abcdef0123\nreader 0123456789abcdef0123\n", "share one token");
+  refused("# nothing\n", "no tokens");
+  std::ofstream(tokens) << "trainer 0123456789abcdef0123\n";
+  SecurityOptions reader_without_token;
+  reader_without_token.auth_token_file = tokens;
+  absl::StatusOr<std::shared_ptr<const ClientSecurity>> r = ClientSecurity::Create(reader_without_token, Role::kReader);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no token for the role of this program (reader)"), std::string::npos);
+
+  // A server that cannot read its credentials does not start (open).
+  LocalCluster::Options options;
+  options.security = missing;
+  auto cluster = LocalCluster::Start(TinyGptJob(1, 1, kSteps), options);
+  EXPECT_FALSE(cluster.ok());
+}
+
+}  // namespace
+}  // namespace pshard::testing
