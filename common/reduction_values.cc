@@ -45,6 +45,25 @@ ReductionValues ReductionValues::Allocate(const WireFormat& format, size_t eleme
   return v;
 }
 
+namespace {
+
+template <typename T>
+void GrowWithin(std::vector<T>& v, size_t size, size_t limit) {
+  if (size > v.capacity()) v.reserve(std::min(std::max(size, 2 * v.capacity()), std::max(size, limit)));
+  v.resize(size);
+}
+
+}  // namespace
+
+void ReductionValues::Resize(size_t elements, size_t capacity_limit) {
+  size_ = elements;
+  if (!encoded()) {
+    GrowWithin(fp32_, elements, capacity_limit);
+  } else {
+    GrowWithin(encoded_, format_.EncodedBytes(elements), format_.EncodedBytes(capacity_limit));
+  }
+}
+
 std::span<std::byte> ReductionValues::mutable_bytes() {
   if (!encoded()) return {reinterpret_cast<std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
   return encoded_;

@@ -25,6 +25,10 @@ class ReductionValues {
   /// Room for `elements` values received in `encoding`, to be written
   /// through mutable_bytes() (contents unspecified until then).
   static ReductionValues Allocate(const WireFormat& format, size_t elements);
+  /// Makes room for `elements` values (those held are kept), growing the
+  /// storage geometrically but never past `capacity_limit` elements: a
+  /// buffer that grows as data arrives holds at most twice what arrived.
+  void Resize(size_t elements, size_t capacity_limit);
   /// The values' bytes in their encoding, for receiving into.
   std::span<std::byte> mutable_bytes();
   std::span<const std::byte> bytes() const;

@@ -9,11 +9,6 @@
 
 namespace pshard {
 
-namespace {
-// Finished rounds kept so that a retried report still gets its answer.
-constexpr int64_t kRoundsKept = 4;
-}  // namespace
-
 StepNorm NormCoordinator::Sum(const Round& round) {
   StepNorm total;
   total.checkpoint_steps = round.partials.front()->checkpoint_steps;

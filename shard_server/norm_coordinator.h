@@ -28,6 +28,9 @@ inline constexpr int kMaxReportedCheckpoints = 64;
 /// checkpoint steps held on disk (each sorted). Thread-safe.
 class NormCoordinator {
  public:
+  /// Finished rounds kept so that a retried report still gets its answer.
+  static constexpr int64_t kRoundsKept = 4;
+
   explicit NormCoordinator(int num_shards) : num_shards_(num_shards) {}
 
   /// Records `shard`'s partial for `step` (a repeated report replaces the

@@ -8,9 +8,13 @@ namespace pshard {
 void RendezvousTable::Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline,
                            Done done) {
   if (group.empty()) return done(absl::InvalidArgumentError("rendezvous: the group has no name"));
-  if (size < 1 || size > kMaxGroupSize) {
+  if (group.size() > kMaxGroupNameBytes) {
+    return done(absl::InvalidArgumentError(absl::StrCat("rendezvous: a group name of ", group.size(),
+                                                        " bytes; at most ", kMaxGroupNameBytes)));
+  }
+  if (size < 1 || size > limits_.max_group_size) {
     return done(absl::InvalidArgumentError(
-        absl::StrCat("rendezvous ", group, ": size ", size, " is outside [1, ", kMaxGroupSize, "]")));
+        absl::StrCat("rendezvous ", group, ": size ", size, " is outside [1, ", limits_.max_group_size, "]")));
   }
   if (member < 0 || member >= size) {
     return done(absl::InvalidArgumentError(
@@ -32,6 +36,9 @@ void RendezvousTable::Post(const std::string& group, int member, int size, std::
     auto it = rounds_.find(group);
     if (closed_) {
       refused = absl::UnavailableError(absl::StrCat("rendezvous ", group, ": the server is shutting down"));
+    } else if (it == rounds_.end() && static_cast<int>(rounds_.size()) >= limits_.max_open_rounds) {
+      refused = absl::ResourceExhaustedError(absl::StrCat("rendezvous ", group, ": ", rounds_.size(),
+                                                          " rounds are open already, the most this server holds"));
     } else if (it != rounds_.end() && it->second.size != size) {
       refused = absl::InvalidArgumentError(absl::StrCat("rendezvous ", group, ": member ", member, " says ", size,
                                                         " members, others said ", it->second.size));

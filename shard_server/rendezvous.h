@@ -24,7 +24,16 @@ class RendezvousTable {
  public:
   using Done = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
   static constexpr size_t kMaxPayloadBytes = 4096;
-  static constexpr int kMaxGroupSize = 1024;
+  static constexpr size_t kMaxGroupNameBytes = 256;
+  /// What a table holds at most: the memory of all open rounds stays below
+  /// max_open_rounds x max_group_size x (kMaxPayloadBytes + a few hundred
+  /// bytes), whoever posts.
+  struct Limits {
+    int max_group_size = 1024;
+    int max_open_rounds = 1024;
+  };
+  RendezvousTable() = default;
+  explicit RendezvousTable(Limits limits) : limits_(limits) {}
 
   /// Posts `member`'s payload to `group` (of `size` members) and calls
   /// `done` with all payloads in member order when the round completes, or
@@ -32,7 +41,8 @@ class RendezvousTable {
   /// `deadline` (this member's post is then withdrawn). Bad arguments, or a
   /// size that differs from the round's, fail at once and change nothing. A
   /// member that posts again in an open round replaces its earlier post,
-  /// whose `done` gets Aborted.
+  /// whose `done` gets Aborted. A new round beyond the limit of open ones
+  /// is refused (ResourceExhausted).
   void Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline, Done done);
 
   /// Answers every waiting post with Unavailable, and every later one too
@@ -60,6 +70,7 @@ class RendezvousTable {
   };
   void Expire(const std::string& group, int64_t round_id, int member, std::shared_ptr<Waiter> waiter);
 
+  const Limits limits_;
   mutable absl::Mutex mu_;
   std::map<std::string, Round> rounds_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -90,6 +90,12 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
   for (int m = 0; m < kNumRpcMethods; ++m) rpc_seconds_[m] = &rpc.Add(With(Shard(shard), "method", kMethodNames[m]));
   auto& rejected = r.AddCounter("pshard_server_rejected_requests_total", "Requests refused, by reason.");
   for (int i = 0; i < kNumRejectReasons; ++i) rejected_[i] = &rejected.Add(With(Shard(shard), "reason", kReasonNames[i]));
+  auto& missing = r.AddCounter("pshard_server_missing_trainer_seconds_total",
+                               "Time steps waited for a trainer's gradients while it had not pushed them (counted "
+                               "for steps that waited over 1 s), by trainer rank.");
+  for (int t = 0; t < std::max(1, num_trainers); ++t) {
+    missing_trainer_seconds_.push_back(&missing.Add(With(Shard(shard), "rank", absl::StrCat(t))));
+  }
   auto& refused = r.AddCounter("pshard_server_refused_calls_total",
                                "Calls refused for their caller (missing or wrong credentials, or a role not allowed "
                                "the method), by method and reason.");

@@ -41,6 +41,10 @@ class ServerMetrics {
   void Reject(const absl::Status& status);
   /// Counts a call refused for its caller (credentials or role); UCX
   /// messages count as the RPC they stand for (Fetch, Push).
+  /// Time steps waited while `trainer` had not pushed (steps slower than 1 s).
+  metrics::Counter& missing_trainer_seconds(int trainer) {
+    return *missing_trainer_seconds_[static_cast<size_t>(trainer) < missing_trainer_seconds_.size() ? trainer : 0];
+  }
   metrics::Counter& refused_calls(RpcMethod method, AuthFailure failure) {
     return *refused_calls_[static_cast<int>(method)][static_cast<int>(failure)];
   }
@@ -77,6 +81,7 @@ class ServerMetrics {
   std::array<metrics::Histogram*, kNumRpcMethods> rpc_seconds_{};
   std::array<metrics::Counter*, kNumRejectReasons> rejected_{};
   std::array<std::array<metrics::Counter*, kNumAuthFailures>, kNumRpcMethods> refused_calls_{};
+  std::vector<metrics::Counter*> missing_trainer_seconds_;  // by rank
 };
 
 }  // namespace pshard

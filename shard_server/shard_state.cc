@@ -134,6 +134,11 @@ absl::Status ShardState::CheckFetch(int unit, int64_t version) const {
         "unit ", unit, " version ", version, " is gone: this shard is at version ",
         units_[unit]->version));
   }
+  if (version > units_[unit]->version + kMaxVersionsAhead) {
+    return absl::OutOfRangeError(absl::StrCat("unit ", unit, " version ", version, " is more than ",
+                                              kMaxVersionsAhead, " ahead of this shard's version ",
+                                              units_[unit]->version, ": no trainer waits that far ahead"));
+  }
   return absl::OkStatus();
 }
 
@@ -493,6 +498,28 @@ std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit) const {
   const UnitState& u = *units_[unit];
   absl::ReaderMutexLock lock(&u.mu);
   return {u.version, *u.master};
+}
+
+std::pair<int64_t, std::vector<float>> ShardState::ReadMaster(int unit, int64_t offset, int64_t count) const {
+  const UnitState& u = *units_[unit];
+  absl::ReaderMutexLock lock(&u.mu);
+  const auto size = static_cast<int64_t>(u.master->size());
+  const int64_t begin = std::clamp<int64_t>(offset, 0, size);
+  const int64_t end = std::clamp<int64_t>(begin + std::max<int64_t>(count, 0), begin, size);
+  return {u.version, std::vector<float>(u.master->begin() + begin, u.master->begin() + end)};
+}
+
+std::vector<int> ShardState::MissingTrainers() const {
+  absl::MutexLock lock(&step_mu_);
+  std::vector<int> missing;
+  for (int t = 0; t < job_.num_trainers; ++t) {
+    bool all = true;
+    for (int unit = 0; unit < num_units() && all; ++unit) {
+      for (const std::vector<char>& slot : units_[unit]->received) all = all && slot[t];
+    }
+    if (!all) missing.push_back(t);
+  }
+  return missing;
 }
 
 std::string ShardState::DescribeWait() const {

@@ -77,6 +77,10 @@ class OneShotWaiter {
 };
 
 /// Owns one shard's model state. All methods are thread-safe.
+/// How far ahead of a unit's version a fetch may wait: a trainer fetches
+/// at most the step after the one the servers are closing.
+inline constexpr int64_t kMaxVersionsAhead = 2;
+
 class ShardState {
  public:
   /// Initialises every owned slice from the job's seed (independent of N).
@@ -143,8 +147,14 @@ class ShardState {
 
   /// Fp32 master slice of a unit and its version (for tests and tools).
   std::pair<int64_t, std::vector<float>> ReadMaster(int unit) const;
+  /// Elements [offset, offset + count) of it (clamped to the slice), and
+  /// the version they are of.
+  std::pair<int64_t, std::vector<float>> ReadMaster(int unit, int64_t offset, int64_t count) const;
   /// What the current step still waits for, in words.
   std::string DescribeWait() const;
+  /// The trainers from which some unit of the current step has no
+  /// contribution yet, ascending.
+  std::vector<int> MissingTrainers() const;
 
   // ---- checkpoints (call between steps: from the step driver, or before
   // serving / after it stopped) ----

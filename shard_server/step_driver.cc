@@ -3,7 +3,13 @@
 #include <cmath>
 #include <cstdio>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace pshard {
 namespace {
@@ -11,6 +17,9 @@ namespace {
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 // Longest single attempt at the norm agreement.
 constexpr absl::Duration kAgreeRound = absl::Seconds(1);
+// A step that waits longer than this for its gradients is reported, with
+// the time each missing trainer held it up.
+constexpr absl::Duration kSlowStep = absl::Seconds(1);
 }  // namespace
 
 StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_timeout, ServerMetrics* metrics,
@@ -21,6 +30,17 @@ StepDriver::StepDriver(ShardState* state, AgreeFn agree, absl::Duration step_tim
       metrics_(metrics),
       after_step_(std::move(after_step)),
       thread_([this] { Run(); }) {}
+
+void StepDriver::ReportMissing(int64_t step, absl::Duration waited, const std::map<int, absl::Duration>& missing) {
+  std::vector<std::string> parts;
+  for (const auto& [trainer, d] : missing) {
+    parts.push_back(absl::StrFormat("trainer %d %.1f s", trainer, absl::ToDoubleSeconds(d)));
+    metrics_->missing_trainer_seconds(trainer).Increment(absl::ToDoubleSeconds(d));
+  }
+  std::fprintf(stderr, "pshard-server: shard %d, step %lld waited %.1f s for its gradients: missing %s\n",
+               state_->shard_index(), static_cast<long long>(step), absl::ToDoubleSeconds(waited),
+               absl::StrJoin(parts, ", ").c_str());
+}
 
 StepDriver::~StepDriver() {
   stop_.Notify();
@@ -33,8 +53,16 @@ void StepDriver::Run() {
     const absl::Time wait_start = absl::Now();
     absl::Time complain_at = absl::Now() + step_timeout_;
     bool complete = false;
+    // Once the step is slow: how long each trainer was missing (the wait
+    // before that is counted against those missing when it became slow).
+    std::map<int, absl::Duration> missing_for;
+    absl::Time counted_until = wait_start;
     while (!stop_.HasBeenNotified()) {
       absl::Status s = state_->AwaitContributions(absl::Now() + kPollInterval);
+      if (const absl::Time now = absl::Now(); now - wait_start > kSlowStep) {
+        for (int t : state_->MissingTrainers()) missing_for[t] += now - counted_until;
+        counted_until = now;
+      }
       if (s.ok()) {
         complete = true;
         break;
@@ -47,6 +75,7 @@ void StepDriver::Run() {
     if (!complete) return;
     const absl::Time agree_start = absl::Now();
     const int64_t step = state_->current_step();
+    if (!missing_for.empty()) ReportMissing(step, agree_start - wait_start, missing_for);
     const StepNorm partial = state_->FinishReduction();
     absl::StatusOr<StepNorm> agreed;
     complain_at = absl::Now() + step_timeout_;

@@ -4,6 +4,7 @@
 #define PSHARD_SHARD_SERVER_STEP_DRIVER_H_
 
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,8 @@ class StepDriver {
 
  private:
   void Run();
+  // Logs a slow step and counts, per trainer, the time it was missing.
+  void ReportMissing(int64_t step, absl::Duration waited, const std::map<int, absl::Duration>& missing);
   void Record(const StepOutcome& outcome, absl::Duration contributions, absl::Duration agreement,
               absl::Duration update);
 

@@ -281,6 +281,8 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     link_dir_flag = absl::StrCat("--link_dir=", dir);
   }
   std::vector<std::string> logs;
+  std::vector<std::vector<std::string>> trainer_argv;
+  std::vector<int> restarts(spec.num_trainers, 0);
   // Every trainer writes to its log in the run folder; trainer 0's is also
   // followed onto this process's output.
   LogFollower trainer0(absl::StrCat(spec.run_dir, "/trainer0.log"));
@@ -309,6 +311,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     argv.push_back(absl::StrCat("--step_log=", step_log));
     if (r != 0) argv.push_back("--log_every=0");
     logs.push_back(absl::StrCat(spec.run_dir, "/trainer", r, ".log"));
+    trainer_argv.push_back(argv);
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, logs.back());
     if (!child.ok()) return fail(child.status());
     trainers.push_back(std::move(*child));
@@ -345,6 +348,22 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
         all_done = false;
         continue;
       }
+      // A trainer that died (a signal: killed, out of memory, a crash) is
+      // started again: it rejoins at the servers' step and recomputes it
+      // (its data is a function of seed, step and rank). A trainer that
+      // exited with an error decided to: that ends the job.
+      if (*code > 128 && restarts[r] < spec.trainer_restarts) {
+        ++restarts[r];
+        std::printf("pshard: trainer %d died (signal %d); restarting it (%d of %d restarts): it rejoins and "
+                    "redoes its step\n",
+                    r, *code - 128, restarts[r], spec.trainer_restarts);
+        std::fflush(stdout);
+        absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(trainer_argv[r], logs[r]);
+        if (!child.ok()) return fail(child.status());
+        trainers[r] = std::move(*child);
+        all_done = false;
+        continue;
+      }
       if (*code != 0) {
         trainer0.Pump();
         return fail(absl::InternalError(absl::StrCat("trainer ", r, " exited with code ", *code, " (see ", logs[r],
@@ -362,8 +381,10 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                               servers[s].Poll().value_or(-1), ")"));
     }
   }
-  std::printf("pshard: all %d trainers finished; %d shard servers shut down cleanly\n", spec.num_trainers,
-              spec.num_servers);
+  int restarted = 0;
+  for (int n : restarts) restarted += n;
+  std::printf("pshard: all %d trainers finished%s; %d shard servers shut down cleanly\n", spec.num_trainers,
+              restarted == 0 ? "" : absl::StrCat(" (after ", restarted, " trainer restarts)").c_str(), spec.num_servers);
   return absl::OkStatus();
 }
 

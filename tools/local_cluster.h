@@ -47,6 +47,9 @@ struct LocalClusterSpec {
   /// Shared tokens: a token file of random tokens, one per role, is written
   /// to run_dir/tokens (mode 0600) and given to every process.
   bool tokens = false;
+  /// A trainer that dies (killed by a signal) is started again, at most this
+  /// many times per rank; one that exits with an error ends the job.
+  int trainer_restarts = 3;
 };
 
 /// A topology file with every server and every trainer on its own node

@@ -125,6 +125,9 @@ ABSL_FLAG(bool, tls, false,
 ABSL_FLAG(bool, auth_tokens, false,
           "local: every call carries its role's token (a token file of random tokens is written to the run "
           "folder)");
+ABSL_FLAG(int, trainer_restarts, 3,
+          "local: a trainer that dies (killed by a signal) is started again, at most this many times per rank; it "
+          "rejoins and redoes its step");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
 ABSL_FLAG(std::string, step_overhead, "0",
           "plan: time of every step the planner's event model does not see (servers' update, host work of the "
@@ -302,6 +305,11 @@ int RunLocal() {
     spec.paired = true;
   } else if (placement != "separate") {
     std::fprintf(stderr, "pshard local: --placement=%s is not separate or paired\n", placement.c_str());
+    return 2;
+  }
+  spec.trainer_restarts = absl::GetFlag(FLAGS_trainer_restarts);
+  if (spec.trainer_restarts < 0) {
+    std::fprintf(stderr, "pshard local: --trainer_restarts=%d must be 0 or more\n", spec.trainer_restarts);
     return 2;
   }
   spec.tls = absl::GetFlag(FLAGS_tls);

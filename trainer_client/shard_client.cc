@@ -471,27 +471,46 @@ absl::StatusOr<std::vector<float>> ShardClient::ReadMasterUnit(int unit, std::op
   const UnitPartition& p = layout_.partitions[unit];
   std::vector<float> out(p.padded_numel());
   for (size_t s = 0; s < shards_.size(); ++s) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-    v1::ReadMasterRequest request;
-    request.set_unit(unit);
-    v1::ReadMasterResponse response;
-    grpc::Status st = shards_[s]->stub->ReadMaster(&ctx, request, &response);
-    if (!st.ok()) {
-      return absl::Status(FromGrpcStatus(st).code(),
-                          absl::StrCat("read master of unit ", unit, " from ", shards_[s]->address, ": ",
-                                       st.error_message()));
-    }
-    if (version && response.version() != *version) {
-      return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " on ", shards_[s]->address, " is at version ",
-                                                        response.version(), ", not ", *version));
-    }
     const SliceRange slice = p.Slice(static_cast<int>(s));
-    if (response.data().size() != static_cast<size_t>(slice.length) * sizeof(float)) {
-      return absl::DataLossError(absl::StrCat("master slice of unit ", unit, " from ",
-                                              shards_[s]->address, " has the wrong size"));
+    // Page by page; every page must be of one version (a step applied
+    // meanwhile starts the slice again, a few times at most).
+    std::optional<int64_t> slice_version;
+    for (int64_t offset = 0, restarts = 0; offset < slice.length;) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      v1::ReadMasterRequest request;
+      request.set_unit(unit);
+      request.set_offset(offset);
+      v1::ReadMasterResponse response;
+      grpc::Status st = shards_[s]->stub->ReadMaster(&ctx, request, &response);
+      if (!st.ok()) {
+        return absl::Status(FromGrpcStatus(st).code(),
+                            absl::StrCat("read master of unit ", unit, " from ", shards_[s]->address, ": ",
+                                         st.error_message()));
+      }
+      if (version && response.version() != *version) {
+        return absl::FailedPreconditionError(absl::StrCat("unit ", unit, " on ", shards_[s]->address,
+                                                          " is at version ", response.version(), ", not ", *version));
+      }
+      const size_t bytes = response.data().size();
+      if (response.slice_length() != slice.length || response.offset() != offset || bytes % sizeof(float) != 0 ||
+          bytes == 0 || offset + static_cast<int64_t>(bytes / sizeof(float)) > slice.length) {
+        return absl::DataLossError(absl::StrCat("master slice of unit ", unit, " from ", shards_[s]->address,
+                                                " has the wrong size"));
+      }
+      if (slice_version && *slice_version != response.version()) {
+        if (++restarts > 3) {
+          return absl::AbortedError(absl::StrCat("unit ", unit, " on ", shards_[s]->address,
+                                                 " changed version while being read, ", restarts, " times"));
+        }
+        slice_version.reset();
+        offset = 0;
+        continue;
+      }
+      slice_version = response.version();
+      std::memcpy(out.data() + slice.begin + offset, response.data().data(), bytes);
+      offset += static_cast<int64_t>(bytes / sizeof(float));
     }
-    std::memcpy(out.data() + slice.begin, response.data().data(), response.data().size());
   }
   out.resize(p.numel);
   return out;

@@ -144,7 +144,10 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             "wrong length: push of unit ", chunk_.unit(), " declares ", chunk_.slice_length(),
             " elements; this shard's slice has ", expected));
       }
-      staged_ = ReductionValues::Allocate(format_, expected);
+      // The slice's room grows as its chunks arrive: a push that stops
+      // after its first chunk holds no more than that chunk.
+      expected_ = static_cast<size_t>(expected);
+      staged_ = ReductionValues::Allocate(format_, 0);
     } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
                chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
                chunk_.slice_length() != first_.slice_length() || chunk_.micro_batch() != first_.micro_batch() ||
@@ -157,7 +160,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat("chunk ", chunk_.chunk_index(),
                                                      " arrived where chunk ", chunks_, " was due"));
     }
-    const size_t remaining = staged_.size() - static_cast<size_t>(received_);
+    const size_t remaining = expected_ - static_cast<size_t>(received_);
     const std::optional<size_t> elements = format_.ElementsIn(data_.size, remaining);
     if (!elements) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -170,6 +173,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat("wrong offset: chunk ", chunks_, " starts at element ",
                                                      chunk_.offset(), " after ", received_, " received"));
     }
+    staged_.Resize(static_cast<size_t>(received_ + count), expected_);
     std::byte* to = staged_.mutable_bytes().data() + format_.EncodedBytes(static_cast<size_t>(received_));
     for (std::span<const std::byte> piece : data_.pieces) {
       CopyBytes(to, piece.data(), piece.size());
@@ -190,10 +194,10 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void Complete() {
     if (ctx_->IsCancelled()) return FinishWith(absl::CancelledError("push abandoned; nothing applied"));
     if (chunks_ == 0) return FinishWith(absl::InvalidArgumentError("empty push"));
-    if (received_ != static_cast<int64_t>(staged_.size())) {
+    if (received_ != static_cast<int64_t>(expected_)) {
       return FinishWith(absl::InvalidArgumentError(
           absl::StrCat("wrong length: push of unit ", first_.unit(), " ended after ", received_, " of ",
-                       staged_.size(), " elements; nothing applied")));
+                       expected_, " elements; nothing applied")));
     }
     absl::StatusOr<PushDisposition> d = state_->Contribute(Identity(), std::move(staged_), first_.non_finite());
     if (!d.ok()) return FinishWith(d.status());
@@ -227,6 +231,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   v1::PushChunk first_;
   WireFormat format_;
   ReductionValues staged_;  // the slice as it arrives, in its encoding
+  size_t expected_ = 0;     // elements in the whole slice
   const absl::Time start_;
   int64_t received_ = 0;
   int chunks_ = 0;
@@ -247,6 +252,13 @@ class RefusedPush final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   explicit RefusedPush(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
 };
+
+// A job's fabric groups are at most all its trainers, and it has at most one
+// group per trainer; a few rounds more leave room for groups that restart.
+RendezvousTable::Limits RendezvousLimits(const JobConfig& job) {
+  return RendezvousTable::Limits{.max_group_size = std::max(1, job.num_trainers),
+                                 .max_open_rounds = 2 * std::max(1, job.num_trainers) + 8};
+}
 
 bool Allowed(RpcMethod method, Role role) {
   switch (method) {
@@ -290,7 +302,8 @@ ShardServiceImpl::ShardServiceImpl(ShardState* state, NormCoordinator* coordinat
       coordinator_(coordinator),
       metrics_(metrics),
       options_(options),
-      fingerprint_(JobFingerprint(state->job())) {
+      fingerprint_(JobFingerprint(state->job())),
+      rendezvous_(RendezvousLimits(state->job())) {
   if (coordinator_ != nullptr) {
     shard_addresses_.resize(state->job().num_shards);
     shard_addresses_[0] = options_.own_address;
@@ -413,6 +426,16 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
                                                         ", ascending")));
     return reactor;
   }
+  // A shard reports the step it closes: shard 0's, or the next (shard 0
+  // may not have all of that step's gradients yet); a late retry may name
+  // one of the few steps the coordinator still remembers.
+  if (const int64_t current = state_->current_step();
+      request->step() > current + 1 || request->step() < current - NormCoordinator::kRoundsKept) {
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::OutOfRangeError(absl::StrCat("shard ", request->shard_index(), " reports a norm for step ",
+                                                   request->step(), "; the coordinator is at step ", current)));
+    return reactor;
+  }
   StepNorm partial{request->sum_of_squares(), request->non_finite()};
   partial.checkpoint_steps.assign(request->checkpoint_steps().begin(), request->checkpoint_steps().end());
   const int64_t step = request->step();
@@ -517,8 +540,21 @@ grpc::ServerUnaryReactor* ShardServiceImpl::ReadMaster(grpc::CallbackServerConte
                 absl::NotFoundError(absl::StrCat("unknown unit ", request->unit())));
     return reactor;
   }
-  auto [version, master] = state_->ReadMaster(request->unit());
+  const int64_t slice_length = state_->slice_length(request->unit());
+  if (request->offset() < 0 || request->offset() > slice_length || request->max_elements() < 0) {
+    FinishUnary(reactor, RpcMethod::kReadMaster, start,
+                absl::OutOfRangeError(absl::StrCat("page at element ", request->offset(), " of at most ",
+                                                   request->max_elements(), " elements: the slice of unit ",
+                                                   request->unit(), " has ", slice_length)));
+    return reactor;
+  }
+  // A page fills at most one fetch chunk: far below the message limit.
+  const int64_t page = options_.fetch_chunk_bytes / static_cast<int64_t>(sizeof(float));
+  const int64_t count = request->max_elements() == 0 ? page : std::min(page, request->max_elements());
+  auto [version, master] = state_->ReadMaster(request->unit(), request->offset(), count);
   response->set_version(version);
+  response->set_offset(request->offset());
+  response->set_slice_length(slice_length);
   response->set_data(master.data(), master.size() * sizeof(float));
   FinishUnary(reactor, RpcMethod::kReadMaster, start, absl::OkStatus());
   return reactor;

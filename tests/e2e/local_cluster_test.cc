@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <iterator>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_util.h"
@@ -366,6 +368,52 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
   EXPECT_EQ(Losses(out).size(), 3u) << out;
   EXPECT_NE(ReadFile(resumed_dir + "/server1.log").find(absl::StrCat("resumed at step ", common.back())),
             std::string::npos);
+}
+
+// A trainer SIGKILLed at a random step is started again by pshard local; it
+// rejoins, redoes its step, and the job ends with the servers' state byte
+// for byte that of a run nobody disturbed.
+TEST(LocalClusterE2E, AKilledTrainerIsRestartedAndTheJobEndsBitIdentical) {
+  constexpr int kSteps = 150;
+  const std::vector<std::string> job = {"--servers=2", "--trainers=2", "--layers=2", "--d_model=64", "--heads=2",
+                                        "--context=32", "--seq_len=32", "--log_every=1", "--encoding=fp32",
+                                        absl::StrCat("--steps=", kSteps)};
+  auto with_checkpoints = [&](const std::string& run_dir) {
+    std::vector<std::string> flags = job;
+    flags.push_back(absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt"));
+    return flags;
+  };
+  const std::string plain = MakeRunDir();
+  {
+    auto launcher = StartLocal(plain, with_checkpoints(plain));
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    ASSERT_EQ(launcher->WaitUntil(absl::Now() + absl::Minutes(3)), 0) << ReadFile(plain + "/launcher.log");
+  }
+  const int kill_after = 3 + static_cast<int>(std::random_device()() % 40);
+  SCOPED_TRACE(absl::StrCat("trainer 1 killed after trainer 0 logged ", kill_after, " steps"));
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, with_checkpoints(run_dir));
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).size() < static_cast<size_t>(kill_after)) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    ASSERT_LT(absl::Now(), deadline) << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::optional<pid_t> trainer1 = FindProcess({"pshard-trainer", "--rank=1", run_dir});
+  ASSERT_TRUE(trainer1.has_value()) << "trainer 1 is not running";
+  kill(*trainer1, SIGKILL);
+  const std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(3));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("trainer 1 died (signal 9); restarting it (1 of 3 restarts)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(after 1 trainer restarts)"), std::string::npos) << out;
+  for (int s = 0; s < 2; ++s) {
+    const std::string name = absl::StrFormat("shard-%d-of-2.step-%010d.ckpt", s, kSteps);
+    const std::string want = ReadFile(absl::StrCat(plain, "/ckpt/", name));
+    ASSERT_FALSE(want.empty()) << name << " is missing";
+    EXPECT_TRUE(ReadFile(absl::StrCat(run_dir, "/ckpt/", name)) == want) << name << " differs from the undisturbed run's";
+  }
 }
 
 }  // namespace

@@ -568,6 +568,32 @@ TEST_F(BadInputTest, FetchOfAVersionThatIsGoneIsRefused) {
   CompleteStep(1);
 }
 
+// Waiting is for the next steps only: a fetch of a far-future version, or a
+// norm report for a step the coordinator is far from, is refused at once
+// instead of holding a waiter (and its call) until the deadline.
+TEST_F(BadInputTest, FarFutureFetchesAndNormReportsAreRefusedAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CompleteStep(0);
+  const Snapshot before = TakeSnapshot();
+  for (int shard = 0; shard < kShards; ++shard) {
+    // OUT_OF_RANGE at once, not the DEADLINE_EXCEEDED a wait ends in.
+    EXPECT_STATUS(RawFetch(stub(shard), 1, 1 + kMaxVersionsAhead + 1), OUT_OF_RANGE,
+                  "ahead of this shard's version 1");
+  }
+  for (int64_t step : {int64_t{3}, int64_t{1000}, int64_t{-10}}) {
+    grpc::ClientContext ctx;
+    v1::NormReport report;
+    report.set_shard_index(1);
+    report.set_step(step);
+    report.set_sum_of_squares(1e30);
+    report.set_job_fingerprint(JobFingerprint(TinyJob()));
+    v1::NormAgreement agreement;
+    EXPECT_STATUS(stub(0)->AgreeNorm(&ctx, report, &agreement), OUT_OF_RANGE, "the coordinator is at step 1");
+  }
+  ExpectUnchanged(before);
+  CompleteStep(1);
+}
+
 TEST_F(BadInputTest, BadTrainerRankIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Start());
   const Snapshot before = TakeSnapshot();

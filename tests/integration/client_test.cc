@@ -1,5 +1,10 @@
 // Joining a job: health, consistency checks between servers, clear errors.
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
@@ -10,6 +15,9 @@
 #include "pshard/config.h"
 #include "trainer_client/route_plan.h"
 #include "tests/testutil/local_cluster.h"
+#include "tests/testutil/tiny_job.h"
+#include "tools/cluster_status.h"
+#include "trainer_client/trainer.h"
 
 namespace pshard::testing {
 namespace {
@@ -115,6 +123,136 @@ TEST(ClientTest, CoordinatorRefusesANormReportFromAnotherJob) {
   grpc::Status s = stub->AgreeNorm(&ctx, report, &agreement);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("different job"), std::string::npos) << s.error_message();
+}
+
+// One layer of width 640 on one shard: the block's slice is 20 MB, five
+// times the message limit.
+JobConfig WideJob(int trainers) {
+  JobConfig job;
+  job.model = GptConfig{.num_layers = 1, .d_model = 640, .num_heads = 4, .context = 8, .vocab = 256};
+  job.num_shards = 1;
+  job.num_trainers = trainers;
+  return job;
+}
+
+// A master slice of 20 MB (one layer of width 640 on one shard) is five
+// times the message limit: it is read in pages, and every byte arrives.
+TEST(ClientTest, ReadsMasterSlicesLargerThanAMessage) {
+  auto cluster = LocalCluster::Start(WideJob(1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const ShardState& state = (*cluster)->server(0).state();
+  int64_t largest = 0;
+  for (int u = 0; u < state.num_units(); ++u) largest = std::max(largest, state.slice_length(u));
+  ASSERT_GT(largest * 4, 4 * (4 << 20));
+  auto weights = (*cluster)->ReadMasterWeights();
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_EQ(static_cast<int>(weights->size()), state.num_units());
+  for (int u = 0; u < state.num_units(); ++u) {
+    std::vector<float> master = state.ReadMaster(u).second;
+    master.resize((*weights)[u].size());  // without the padding
+    EXPECT_TRUE(master == (*weights)[u]) << "unit " << u;
+  }
+  // A page past the slice is refused, naming the slice's length.
+  auto stub = v1::ShardService::NewStub(grpc::CreateChannel((*cluster)->addresses()[0],
+                                                            grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ReadMasterRequest request;
+  request.set_unit(1);
+  request.set_offset(state.slice_length(1) + 1);
+  v1::ReadMasterResponse response;
+  const grpc::Status refused = stub->ReadMaster(&ctx, request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_NE(refused.error_message().find(absl::StrCat("has ", state.slice_length(1))), std::string::npos)
+      << refused.error_message();
+}
+
+// Resident memory of this process, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// A push's room grows as its data arrives: eight pushes of a 20 MB slice
+// that stop after a 4 KiB first chunk hold kilobytes, not the 160 MB that
+// allocating each whole slice at its first chunk would pin.
+TEST(ClientTest, AnAbandonedPushHoldsOnlyWhatArrived) {
+  auto cluster = LocalCluster::Start(WideJob(8));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const ShardState& state = (*cluster)->server(0).state();
+  const int unit = 1;  // the block
+  const int64_t slice = state.slice_length(unit);
+  ASSERT_GT(slice * 4, 16 << 20);
+  auto stub = v1::ShardService::NewStub(grpc::CreateChannel((*cluster)->addresses()[0],
+                                                            grpc::InsecureChannelCredentials()));
+  const int64_t before = ResidentBytes();
+  struct OpenPush {
+    grpc::ClientContext ctx;
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer;
+  };
+  std::vector<std::unique_ptr<OpenPush>> pushes;
+  for (int i = 0; i < 8; ++i) {
+    auto push = std::make_unique<OpenPush>();
+    push->writer = stub->Push(&push->ctx, &push->response);
+    v1::PushChunk chunk;
+    chunk.set_unit(unit);
+    chunk.set_step(0);
+    chunk.set_trainer_rank(i);  // distinct contributions
+    chunk.set_encoding(v1::ENCODING_FP32);
+    chunk.set_slice_length(slice);
+    chunk.set_data(std::string(4096, '\0'));
+    ASSERT_TRUE(push->writer->Write(chunk));
+    pushes.push_back(std::move(push));
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the server has read every first chunk
+  const int64_t grown = ResidentBytes() - before;
+  EXPECT_LT(grown, 32 << 20) << "open pushes grew this process by " << grown << " bytes";
+  // Each push was still open (staged, not refused) until cancelled here.
+  for (auto& p : pushes) p->ctx.TryCancel();
+  for (auto& p : pushes) EXPECT_EQ(p->writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(state.current_step(), 0);
+}
+
+// A step held up by a trainer is reported: the servers count, per rank, how
+// long a slow step (over 1 s) waited for it, and less for the others.
+TEST(ClientTest, ServersCountHowLongAStepWaitedForEachMissingTrainer) {
+  const JobConfig job = TinyGptJob(2, 2, 3);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      absl::StatusOr<std::unique_ptr<ShardClient>> client = (*cluster)->Connect(rank, WireEncoding::kFp32);
+      if (!client.ok()) {
+        results[rank] = client.status();
+        return;
+      }
+      absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+          Trainer::Create(client->get(), &TestCorpus(), TinyTrainerOptions(5));
+      if (!trainer.ok()) {
+        results[rank] = trainer.status();
+        return;
+      }
+      if (rank == 1) absl::SleepFor(absl::Milliseconds(1500));  // late to step 0
+      results[rank] = (*trainer)->RunStep(0).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  for (int shard = 0; shard < 2; ++shard) {
+    absl::StatusOr<MetricsText> page = ParseMetricsText((*cluster)->server(shard).registry().Serialize());
+    ASSERT_TRUE(page.ok()) << page.status();
+    const std::string name = "pshard_server_missing_trainer_seconds_total";
+    const double late = SampleValue(*page, name, {{"rank", "1"}}).value_or(-1);
+    const double prompt = SampleValue(*page, name, {{"rank", "0"}}).value_or(-1);
+    EXPECT_GE(late, 1.0) << "shard " << shard;
+    EXPECT_GE(prompt, 0.0) << "shard " << shard;
+    EXPECT_LT(prompt, late) << "shard " << shard;
+  }
 }
 
 // A route plan from a topology decides the data path of each link.

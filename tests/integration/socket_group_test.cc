@@ -24,7 +24,9 @@ using ::testing::HasSubstr;
 class SocketGroupTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto cluster = LocalCluster::Start(TinyGptJob(1, 1));
+    // Groups of up to 4 members: the job has 4 trainers (a group is at most
+    // the job's trainers).
+    auto cluster = LocalCluster::Start(TinyGptJob(1, 4));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
   }

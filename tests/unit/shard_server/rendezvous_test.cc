@@ -2,7 +2,12 @@
 // posted, bad posts change nothing, and nobody waits past a deadline.
 #include "shard_server/rendezvous.h"
 
+#include <memory>
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -137,6 +142,37 @@ TEST(RendezvousTable, CloseAnswersEveryoneWaitingAndLaterPosts) {
   table.Post("g", 1, 2, "q", Later(), later.Callback());
   EXPECT_THAT(later.Wait().status().message(), HasSubstr("shutting down"));
   EXPECT_EQ(table.open_rounds(), 0);
+}
+
+// Whoever posts, the table holds at most its limits: rounds beyond the open
+// limit, groups larger than the job and long names are refused at once,
+// and the rounds already open still complete.
+TEST(RendezvousTable, PostsBeyondTheLimitsAreRefusedAndChangeNothing) {
+  RendezvousTable table(RendezvousTable::Limits{.max_group_size = 4, .max_open_rounds = 3});
+  std::vector<std::unique_ptr<Answer>> open;
+  for (int g = 0; g < 3; ++g) {
+    open.push_back(std::make_unique<Answer>());
+    table.Post(absl::StrCat("g", g), 0, 2, "first", Later(), open.back()->Callback());
+  }
+  EXPECT_EQ(table.open_rounds(), 3);
+  Answer over, big, named;
+  table.Post("g3", 0, 2, "x", Later(), over.Callback());
+  EXPECT_EQ(over.Wait().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over.Wait().status().message()), HasSubstr("3 rounds are open already"));
+  table.Post("g0", 0, 5, "x", Later(), big.Callback());
+  EXPECT_THAT(std::string(big.Wait().status().message()), HasSubstr("size 5 is outside [1, 4]"));
+  table.Post(std::string(300, 'n'), 0, 2, "x", Later(), named.Callback());
+  EXPECT_THAT(std::string(named.Wait().status().message()), HasSubstr("group name of 300 bytes"));
+  EXPECT_EQ(table.open_rounds(), 3);
+  // An open round still completes, and frees its place.
+  Answer second;
+  table.Post("g1", 1, 2, "second", Later(), second.Callback());
+  EXPECT_THAT(*second.Wait(), ElementsAre("first", "second"));
+  EXPECT_EQ(table.open_rounds(), 2);
+  Answer now;
+  table.Post("g3", 0, 1, "solo", Later(), now.Callback());
+  EXPECT_THAT(*now.Wait(), ElementsAre("solo"));
+  table.Close();
 }
 
 }  // namespace
