@@ -125,6 +125,8 @@ ABSL_FLAG(bool, tls, false,
 ABSL_FLAG(bool, auth_tokens, false,
           "local: every call carries its role's token (a token file of random tokens is written to the run "
           "folder)");
+ABSL_FLAG(std::string, transport, "auto",
+          "local: the trainers' data path to the servers: auto (UCX where it starts), grpc or ucx");
 ABSL_FLAG(int, trainer_restarts, 3,
           "local: a trainer that dies (killed by a signal) is started again, at most this many times per rank; it "
           "rejoins and redoes its step");
@@ -306,6 +308,17 @@ int RunLocal() {
   } else if (placement != "separate") {
     std::fprintf(stderr, "pshard local: --placement=%s is not separate or paired\n", placement.c_str());
     return 2;
+  }
+  if (const std::string transport = absl::GetFlag(FLAGS_transport); transport != "auto") {
+    if (transport != "grpc" && transport != "ucx") {
+      std::fprintf(stderr, "pshard local: --transport=%s is not auto, grpc or ucx\n", transport.c_str());
+      return 2;
+    }
+    if (absl::GetFlag(FLAGS_link_mode) == "kernel" && transport != "grpc") {
+      std::fprintf(stderr, "pshard local: --link_mode=kernel runs the trainers over gRPC\n");
+      return 2;
+    }
+    spec.trainer_flags.push_back(absl::StrCat("--transport=", transport));
   }
   spec.trainer_restarts = absl::GetFlag(FLAGS_trainer_restarts);
   if (spec.trainer_restarts < 0) {

@@ -372,12 +372,13 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
 
 // A trainer SIGKILLed at a random step is started again by pshard local; it
 // rejoins, redoes its step, and the job ends with the servers' state byte
-// for byte that of a run nobody disturbed.
+// for byte that of a run nobody disturbed. Over gRPC: a UCX server can
+// still abort on a rendezvous message from a trainer that died mid-push.
 TEST(LocalClusterE2E, AKilledTrainerIsRestartedAndTheJobEndsBitIdentical) {
   constexpr int kSteps = 150;
   const std::vector<std::string> job = {"--servers=2", "--trainers=2", "--layers=2", "--d_model=64", "--heads=2",
                                         "--context=32", "--seq_len=32", "--log_every=1", "--encoding=fp32",
-                                        absl::StrCat("--steps=", kSteps)};
+                                        "--transport=grpc", absl::StrCat("--steps=", kSteps)};
   auto with_checkpoints = [&](const std::string& run_dir) {
     std::vector<std::string> flags = job;
     flags.push_back(absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt"));
