@@ -137,27 +137,34 @@ std::string StatusCommand(const std::vector<std::string>& servers, const std::st
                       " ", extra, " 2>&1");
 }
 
+// Stops a running `pshard local` (Ctrl-C) when the test ends.
+struct StopOnExit {
+  ChildProcess& child;
+  ~StopOnExit() {
+    if (!child.Poll()) {
+      child.Signal(SIGINT);
+      child.WaitUntil(absl::Now() + absl::Seconds(60));
+    }
+  }
+};
+
+// Training is under way once trainer 0 has logged a step.
+void WaitForFirstStep(const std::string& run_dir, ChildProcess& launcher) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).empty()) {
+    ASSERT_FALSE(launcher.Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    ASSERT_LT(absl::Now(), deadline) << "no step logged:\n" << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
 TEST(StatusE2E, ShowsEveryShardAndTrainerOfARunningJob) {
   const std::string run_dir = MakeRunDir();
   auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=2", "--steps=100000", "--layers=1", "--d_model=32",
                                        "--heads=2", "--context=16", "--seq_len=16", "--log_every=5"});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  struct StopOnExit {
-    ChildProcess& child;
-    ~StopOnExit() {
-      if (!child.Poll()) {
-        child.Signal(SIGINT);
-        child.WaitUntil(absl::Now() + absl::Seconds(60));
-      }
-    }
-  } stop{*launcher};
-  // Training is under way once trainer 0 has logged a step.
-  const absl::Time deadline = absl::Now() + absl::Minutes(2);
-  while (Losses(ReadFile(run_dir + "/launcher.log")).empty()) {
-    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
-    ASSERT_LT(absl::Now(), deadline) << "no step logged:\n" << ReadFile(run_dir + "/launcher.log");
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  StopOnExit stop{*launcher};
+  ASSERT_NO_FATAL_FAILURE(WaitForFirstStep(run_dir, *launcher));
   const std::vector<std::string> servers = LocalServerAddresses(run_dir, 2);
   ASSERT_EQ(servers.size(), 2u);
 
@@ -316,21 +323,8 @@ TEST(StatusE2E, ATlsJobTrainsLikeAPlaintextOneAndStatusNeedsAReader) {
   flags.insert(flags.end(), {"--steps=100000", "--tls", "--auth_tokens"});
   auto launcher = StartLocal(run_dir, flags);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
-  struct StopOnExit {
-    ChildProcess& child;
-    ~StopOnExit() {
-      if (!child.Poll()) {
-        child.Signal(SIGINT);
-        child.WaitUntil(absl::Now() + absl::Seconds(60));
-      }
-    }
-  } stop{*launcher};
-  const absl::Time deadline = absl::Now() + absl::Minutes(2);
-  while (Losses(ReadFile(run_dir + "/launcher.log")).empty()) {
-    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
-    ASSERT_LT(absl::Now(), deadline) << "no step logged:\n" << ReadFile(run_dir + "/launcher.log");
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  StopOnExit stop{*launcher};
+  ASSERT_NO_FATAL_FAILURE(WaitForFirstStep(run_dir, *launcher));
   const std::string log = ReadFile(run_dir + "/launcher.log");
   const std::string marker = "pshard status needs ";
   const size_t at = log.find(marker);
