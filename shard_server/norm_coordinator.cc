@@ -74,4 +74,18 @@ void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, a
   for (auto& w : ready) w->Fire(absl::OkStatus());
 }
 
+void NormCoordinator::ForgetFrom(int64_t step) {
+  std::vector<std::shared_ptr<OneShotWaiter>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = rounds_.lower_bound(step); it != rounds_.end(); it = rounds_.erase(it)) {
+      for (auto& w : it->second.waiters) dropped.push_back(std::move(w));
+    }
+  }
+  for (auto& w : dropped) {
+    w->Fire(absl::AbortedError(absl::StrCat("the coordinator (shard 0) rolled back to step ", step,
+                                            ": its norm rounds from there on start again")));
+  }
+}
+
 }  // namespace pshard

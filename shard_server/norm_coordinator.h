@@ -38,6 +38,9 @@ class NormCoordinator {
   /// DeadlineExceeded naming the missing shards at `deadline`.
   void Report(int64_t step, int shard, const StepNorm& partial, absl::Time deadline,
               std::function<void(absl::StatusOr<StepNorm>)> done);
+  /// Drops the rounds of `step` and later (shard 0 rolled back to `step`):
+  /// their waiting reports end with Aborted, and the rounds start afresh.
+  void ForgetFrom(int64_t step);
 
  private:
   struct Round {

@@ -42,7 +42,19 @@ struct ShardServer::Impl {
 #endif
   std::unique_ptr<ShardServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<StepDriver> driver;
+  // The step driver, and what it is made from: a rollback stops it,
+  // replaces the state, and starts a new one. driver_mu orders rollbacks
+  // and shutdown.
+  absl::Mutex driver_mu;
+  std::unique_ptr<StepDriver> driver ABSL_GUARDED_BY(driver_mu);
+  bool driving ABSL_GUARDED_BY(driver_mu) = false;
+  StepDriver::AgreeFn agree;
+  StepDriver::AfterStepFn after_step;
+  absl::Duration step_timeout;
+  void StartDriver(ShardState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(driver_mu) {
+    driver = std::make_unique<StepDriver>(state, agree, step_timeout, metrics.get(), after_step);
+    driving = true;
+  }
   absl::Notification shutdown;
   bool stopped = false;
   // Shards other than 0 announce where they serve until shard 0 has it.
@@ -267,6 +279,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.coordinator_address = spec.coordinator_address;
   options.own_address = spec.advertise_address;
   options.authenticator = impl.authenticator.get();
+  options.roll_back = [raw = server.get()](int64_t step, int rank) { return raw->RollBack(step, rank); };
 #if PSHARD_WITH_UCX
   if (spec.enable_ucx) {
     UcxService::Options ucx_options;
@@ -331,8 +344,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   // Only a server that started (and restored) writes checkpoints: one that
   // failed must not put its fresh state next to the files it refused.
   impl.checkpoint_dir = spec.checkpoint_dir;
-  impl.driver = std::make_unique<StepDriver>(server->state_.get(), std::move(agree), spec.step_timeout,
-                                             impl.metrics.get(), std::move(after_step));
+  impl.agree = std::move(agree);
+  impl.after_step = std::move(after_step);
+  impl.step_timeout = spec.step_timeout;
+  absl::MutexLock lock(&impl.driver_mu);
+  impl.StartDriver(server->state_.get());
   return server;
 }
 
@@ -370,6 +386,51 @@ void ShardServer::SaveCheckpoint() {
                absl::ToDoubleMilliseconds(absl::Now() - start));
 }
 
+absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
+  Impl& impl = *impl_;
+  const int shard = state_->shard_index();
+  absl::MutexLock lock(&impl.driver_mu);
+  if (!impl.driving) return absl::UnavailableError(absl::StrCat("shard ", shard, " is shutting down"));
+  const int64_t from = state_->current_step();
+  if (step == from) return from;
+  if (step > from) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is at step ", from,
+                                                      ": it cannot roll forward to step ", step));
+  }
+  const std::string common = absl::StrCat(
+      "; the job cannot resume exactly without it: stop every server and restart them with --resume_step set to "
+      "a step every shard holds");
+  if (impl.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is at step ", from,
+                                                      " and keeps no checkpoints (no --checkpoint_dir), so it "
+                                                      "cannot go back to step ", step, common));
+  }
+  const std::string path =
+      (std::filesystem::path(impl.checkpoint_dir) / CheckpointFileName(shard, state_->job().num_shards, step)).string();
+  absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
+  if (!checkpoint.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is at step ", from,
+                                                      " and cannot go back to step ", step, ": ",
+                                                      checkpoint.status().message(), common));
+  }
+  impl.driver.reset();  // between steps from here on
+  const absl::Status rolled = state_->RollBack(*std::move(checkpoint), rank);
+  if (rolled.ok()) {
+    if (impl.coordinator) impl.coordinator->ForgetFrom(step);
+    impl.saved_step = step;
+    impl.metrics->rollbacks.Increment();
+    impl.metrics->rolled_back_steps.Increment(static_cast<double>(from - step));
+    impl.metrics->step.Set(static_cast<double>(step));
+    std::fprintf(stderr,
+                 "pshard-server: shard %d rolled back from step %lld to its checkpoint of step %lld (asked by "
+                 "trainer %d): another shard restarted there; the trainers redo the steps since\n",
+                 shard, static_cast<long long>(from), static_cast<long long>(step), rank);
+  }
+  impl.StartDriver(state_.get());
+  if (!rolled.ok()) return rolled;
+  return step;
+}
+
 int64_t ShardServer::common_checkpoint_step() const {
   absl::MutexLock lock(&impl_->checkpoints_mu);
   return impl_->common_step;
@@ -393,7 +454,11 @@ void ShardServer::Wait() { impl_->shutdown.WaitForNotification(); }
 void ShardServer::Shutdown(absl::Duration grace) {
   if (!impl_ || impl_->stopped) return;
   impl_->stopped = true;
-  impl_->driver.reset();  // no step is being applied from here on
+  {
+    absl::MutexLock lock(&impl_->driver_mu);
+    impl_->driver.reset();  // no step is being applied from here on
+    impl_->driving = false;
+  }
   impl_->stop_announcing.Notify();
   if (impl_->announcer.joinable()) impl_->announcer.join();
   SaveCheckpoint();

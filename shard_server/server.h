@@ -83,6 +83,13 @@ class ShardServer {
   /// What starting did with the checkpoint folder that a user should know
   /// (checkpoints set aside, a schedule re-stretched), one line each.
   const std::vector<std::string>& start_notes() const { return start_notes_; }
+  /// Goes back to this shard's checkpoint of `step` (asked by trainer
+  /// `rank` after another shard restarted there): the step driver stops,
+  /// the state is replaced, fetches waiting for later versions end with
+  /// Aborted, and stepping resumes at `step`. Returns the step the shard is
+  /// at; at `step` already, does nothing. FailedPrecondition, changing
+  /// nothing, when `step` is ahead or its checkpoint is not on disk.
+  absl::StatusOr<int64_t> RollBack(int64_t step, int rank);
   /// The newest step whose checkpoint every shard of the job is known to
   /// hold (-1: none known); retention keeps it.
   int64_t common_checkpoint_step() const;

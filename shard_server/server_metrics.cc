@@ -24,7 +24,7 @@ metrics::Gauge& StateBytes(metrics::Registry& r, int shard, const char* kind) {
 constexpr const char* kReasonNames[kNumRejectReasons] = {"unknown_unit", "stale",  "future_step", "bad_request",
                                                          "wait_timeout", "cancelled",   "other"};
 constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "AgreeNorm", "GetStatus", "ReadMaster", "Rendezvous",
-                                                       "Announce"};
+                                                       "Announce", "RollBack"};
 
 }  // namespace
 
@@ -73,7 +73,14 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
                           .Add(Shard(shard))),
       checkpoint_write_seconds(r.AddCounter("pshard_server_checkpoint_write_seconds_total",
                                             "Time spent writing checkpoints.")
-                                   .Add(Shard(shard))) {
+                                   .Add(Shard(shard))),
+      rollbacks(r.AddCounter("pshard_server_rollbacks_total",
+                             "Times this shard went back to one of its checkpoints so that every shard of the job "
+                             "resumes at one step (after another shard restarted).")
+                    .Add(Shard(shard))),
+      rolled_back_steps(r.AddCounter("pshard_server_rolled_back_steps_total",
+                                     "Steps those rollbacks undid; the trainers redo them.")
+                            .Add(Shard(shard))) {
   checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (const std::string& transport : transports) {

@@ -19,8 +19,18 @@ enum class RejectReason { kUnknownUnit, kStale, kFutureStep, kBadRequest, kWaitT
 inline constexpr int kNumRejectReasons = 7;
 
 /// RPC methods (a bounded label).
-enum class RpcMethod { kJoin, kFetch, kPush, kAgreeNorm, kGetStatus, kReadMaster, kRendezvous, kAnnounce };
-inline constexpr int kNumRpcMethods = 8;
+enum class RpcMethod {
+  kJoin,
+  kFetch,
+  kPush,
+  kAgreeNorm,
+  kGetStatus,
+  kReadMaster,
+  kRendezvous,
+  kAnnounce,
+  kRollBack
+};
+inline constexpr int kNumRpcMethods = 9;
 /// The method's name as the protocol spells it ("Join", "Push").
 const char* RpcMethodName(RpcMethod method);
 
@@ -68,6 +78,8 @@ class ServerMetrics {
   metrics::Gauge& expected_state_bytes;
   metrics::Gauge& checkpoint_step;
   metrics::Counter& checkpoint_write_seconds;
+  metrics::Counter& rollbacks;          ///< times this shard went back to a checkpointed step
+  metrics::Counter& rolled_back_steps;  ///< steps undone by them (redone by the trainers)
   std::vector<metrics::Gauge*> unit_version;
 
  private:

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
+#include "common/status_macros.h"
 #include "common/optimizer.h"
 #include "common/reduction_tree.h"
 #include "common/status_macros.h"
@@ -124,9 +125,27 @@ int64_t ShardState::current_step() const {
   return step_;
 }
 
-absl::Status ShardState::CheckFetch(int unit, int64_t version) const {
+absl::Status ShardState::CheckRejoined(int trainer) const {
+  if (trainer < 0 || trainer >= static_cast<int>(must_rejoin_.size()) || !must_rejoin_[trainer]) {
+    return absl::OkStatus();
+  }
+  return absl::AbortedError(absl::StrCat("shard ", shard_index_, " rolled back from step ", rolled_back_from_,
+                                         " to step ", step_, " (a shard restarted): trainer ", trainer,
+                                         " must rejoin and redo the steps since"));
+}
+
+void ShardState::MarkJoined(int rank) {
+  absl::MutexLock lock(&step_mu_);
+  if (rank >= 0 && rank < static_cast<int>(must_rejoin_.size())) must_rejoin_[rank] = 0;
+}
+
+absl::Status ShardState::CheckFetch(int unit, int64_t version, int trainer) const {
   if (unit < 0 || unit >= num_units()) {
     return absl::NotFoundError(absl::StrCat("unknown unit ", unit, ": the model has ", num_units(), " units"));
+  }
+  {
+    absl::MutexLock lock(&step_mu_);
+    RETURN_IF_ERROR(CheckRejoined(trainer));
   }
   absl::ReaderMutexLock lock(&units_[unit]->mu);
   if (version < units_[unit]->version) {
@@ -225,6 +244,7 @@ absl::Status ShardState::CheckPush(const ContributionId& id) const {
                                                    job_.reduction_slots(), ")"));
   }
   absl::MutexLock lock(&step_mu_);
+  RETURN_IF_ERROR(CheckRejoined(id.trainer));
   const int64_t at = units_[id.unit]->reduce_step;
   if (id.step < at) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -270,6 +290,7 @@ absl::StatusOr<PushDisposition> ShardState::Contribute(const ContributionId& id,
   }
   const bool finite = !reported_non_finite && values.AllFinite();
   absl::MutexLock lock(&step_mu_);
+  RETURN_IF_ERROR(CheckRejoined(id.trainer));  // rolled back since the check
   if (u.reduce_step != id.step) {  // moved on between the check and the lock
     return absl::FailedPreconditionError(
         absl::StrCat("step ", id.step, " of unit ", id.unit, " is already applied"));
@@ -440,7 +461,7 @@ absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, i
   return WriteCheckpoint(dir, header, views, keep, protected_step);
 }
 
-absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
+absl::Status ShardState::CheckCheckpoint(const Checkpoint& checkpoint) const {
   const CheckpointHeader& h = checkpoint.header;
   if (h.shard_index != shard_index_ || h.num_shards != job_.num_shards) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint ", checkpoint.path, " belongs to shard ",
@@ -468,29 +489,74 @@ absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
                                                       h.step, ", ", h.applied_updates, " updates, ",
                                                       h.skipped_steps, " skipped)"));
   }
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<OneShotWaiter>> ShardState::InstallCheckpoint(Checkpoint checkpoint) {
+  const CheckpointHeader& h = checkpoint.header;
+  const std::vector<WireFormat> formats = FormatsInUse();
+  std::vector<std::shared_ptr<OneShotWaiter>> waiting;
+  // Every unit's lock, then the step lock (the order ApplyStep takes them
+  // in): no push or fetch sees a mix of the old step and the restored one.
+  std::vector<std::unique_ptr<absl::MutexLock>> unit_locks;
+  for (auto& unit : units_) unit_locks.push_back(std::make_unique<absl::MutexLock>(&unit->mu));
+  absl::MutexLock step_lock(&step_mu_);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitState& unit = *units_[u];
+    unit.master = std::make_shared<std::vector<float>>(std::move(checkpoint.units[u].master));
+    unit.m = std::move(checkpoint.units[u].m);
+    unit.v = std::move(checkpoint.units[u].v);
+    unit.version = h.step;
+    for (auto& [version, waiter] : unit.waiters) waiting.push_back(std::move(waiter));
+    unit.waiters.clear();
+    unit.grad = ReductionValues();
+    ResetReduction(unit);
+    unit.reduce_step = h.step;
+    unit.Publish(formats);
+  }
+  step_ = h.step;
+  units_complete_ = 0;
+  non_finite_ = false;
+  non_finite_source_.clear();
+  step_started_ = absl::Now();
+  applied_updates_ = h.applied_updates;
+  skipped_steps_ = h.skipped_steps;
+  return waiting;
+}
+
+absl::Status ShardState::RestoreCheckpoint(Checkpoint checkpoint) {
+  RETURN_IF_ERROR(CheckCheckpoint(checkpoint));
   {
     absl::MutexLock step_lock(&step_mu_);
     if (step_ != 0 || units_complete_ != 0) {
       return absl::FailedPreconditionError("a checkpoint can only be restored before training starts");
     }
   }
-  // Before serving, so nothing races these writes; units' locks are taken
-  // before the step lock, as ApplyStep does.
-  for (size_t u = 0; u < units_.size(); ++u) {
-    UnitState& unit = *units_[u];
-    absl::MutexLock unit_lock(&unit.mu);
-    unit.master = std::make_shared<std::vector<float>>(std::move(checkpoint.units[u].master));
-    unit.m = std::move(checkpoint.units[u].m);
-    unit.v = std::move(checkpoint.units[u].v);
-    unit.version = h.step;
-    absl::MutexLock step_lock(&step_mu_);
-    unit.reduce_step = h.step;
-    unit.Publish(FormatsInUse());
+  InstallCheckpoint(std::move(checkpoint));  // before serving: nobody waits
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::RollBack(Checkpoint checkpoint, int asked_by) {
+  RETURN_IF_ERROR(CheckCheckpoint(checkpoint));
+  const int64_t from = current_step();
+  const int64_t to = checkpoint.header.step;
+  if (to > from) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard_index_, " is at step ", from,
+                                                      ": it cannot roll back to the later step ", to));
   }
-  absl::MutexLock step_lock(&step_mu_);
-  step_ = h.step;
-  applied_updates_ = h.applied_updates;
-  skipped_steps_ = h.skipped_steps;
+  const std::string path = checkpoint.path;
+  const std::vector<std::shared_ptr<OneShotWaiter>> waiting = InstallCheckpoint(std::move(checkpoint));
+  {
+    absl::MutexLock lock(&step_mu_);
+    must_rejoin_.assign(job_.num_trainers, 1);
+    if (asked_by >= 0 && asked_by < job_.num_trainers) must_rejoin_[asked_by] = 0;
+    rolled_back_from_ = from;
+  }
+  for (const auto& waiter : waiting) {
+    waiter->Fire(absl::AbortedError(absl::StrCat("shard ", shard_index_, " rolled back from step ", from,
+                                                 " to step ", to, " (", path,
+                                                 "): a shard restarted; rejoin and redo the steps since")));
+  }
   return absl::OkStatus();
 }
 

@@ -96,8 +96,9 @@ class ShardState {
   int64_t current_step() const;
 
   // ---- fetch side ----
-  /// Checks a fetch request: unit exists, version not already gone.
-  absl::Status CheckFetch(int unit, int64_t version) const;
+  /// Checks a fetch request: unit exists, version not already gone, and
+  /// `trainer` (-1: a tool) has rejoined since the last rollback.
+  absl::Status CheckFetch(int unit, int64_t version, int trainer = -1) const;
   /// Calls `waiter` with OK once `unit` is at `version` (at once if it is),
   /// with FailedPrecondition if the unit has moved past it, or with
   /// DeadlineExceeded naming what the server waits for at `deadline`.
@@ -115,6 +116,9 @@ class ShardState {
   // ---- push side ----
   /// Validates a push's identity before any data is read.
   absl::Status CheckPush(const ContributionId& id) const;
+  /// Trainer `rank` joined: it knows the step the shard is at (after a
+  /// rollback, its fetches and pushes are refused until it does).
+  void MarkJoined(int rank);
   /// Records how trainer `rank` said at its join that it pushes gradients
   /// (nullopt: it did not say; any format is then taken).
   void DeclareGradientFormat(int rank, std::optional<WireFormat> format);
@@ -168,6 +172,14 @@ class ShardState {
   /// Replaces the state with a checkpoint's (same shard, shard count and
   /// layout, or an error that names what differs and changes nothing).
   absl::Status RestoreCheckpoint(Checkpoint checkpoint);
+  /// While serving, between steps (the step driver stopped): replaces the
+  /// state with this shard's checkpoint of an earlier (or the current)
+  /// step and reopens that step's reduction. Fetches waiting for a later
+  /// version end with Aborted; pushes for the undone steps are refused as
+  /// future steps until the job gets there again. Errors change nothing.
+  /// Every trainer but `asked_by` must rejoin (MarkJoined) before its
+  /// next fetch or push is served: Aborted until then.
+  absl::Status RollBack(Checkpoint checkpoint, int asked_by = -1);
 
   struct Counters {
     int64_t applied_updates = 0;
@@ -187,6 +199,11 @@ class ShardState {
   /// Fresh reduction state for the next step of `unit`.
   void ResetReduction(UnitState& unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   bool AllContributed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  /// Whether `checkpoint` fits this shard (shard, layout, sizes, counts).
+  absl::Status CheckCheckpoint(const Checkpoint& checkpoint) const;
+  /// Puts a checked checkpoint's state in place and returns the fetches
+  /// that waited for versions of the state it replaced.
+  std::vector<std::shared_ptr<OneShotWaiter>> InstallCheckpoint(Checkpoint checkpoint);
 
   const JobConfig job_;
   const JobLayout layout_;
@@ -208,6 +225,11 @@ class ShardState {
   int64_t applied_updates_ ABSL_GUARDED_BY(step_mu_) = 0;
   int64_t skipped_steps_ ABSL_GUARDED_BY(step_mu_) = 0;
   double last_grad_norm_ ABSL_GUARDED_BY(step_mu_) = 0.0;
+  // By rank: rolled back since the trainer last joined.
+  std::vector<char> must_rejoin_ ABSL_GUARDED_BY(step_mu_);
+  int64_t rolled_back_from_ ABSL_GUARDED_BY(step_mu_) = 0;
+  /// Aborted when `trainer` has not rejoined since the last rollback.
+  absl::Status CheckRejoined(int trainer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
 
   DeadlineTimer timer_;
 };

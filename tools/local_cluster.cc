@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/signals.h"
@@ -234,30 +235,51 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     return s;
   };
 
-  for (int s = 0; s < spec.num_servers; ++s) {
+  // Starts shard s's server on `port` (0: any free one) and metrics port
+  // `metrics_port` (0: as the spec says) and waits until it serves.
+  auto start_server = [&](int s, int port, int metrics_port) -> absl::StatusOr<int> {
     const std::string port_file = absl::StrCat(spec.run_dir, "/server", s, ".port");
     std::remove(port_file.c_str());
     std::vector<std::string> argv = {server_bin,
                                      absl::StrCat("--shard_index=", s),
                                      absl::StrCat("--num_shards=", spec.num_servers),
                                      absl::StrCat("--num_trainers=", spec.num_trainers),
-                                     kernel ? "--address=0.0.0.0:0" : "--address=127.0.0.1:0",
-                                     absl::StrCat("--metrics_address=", MetricsAddress(spec.metrics_port_base, s)),
+                                     absl::StrCat(kernel ? "--address=0.0.0.0:" : "--address=127.0.0.1:", port),
+                                     metrics_port == 0
+                                         ? absl::StrCat("--metrics_address=", MetricsAddress(spec.metrics_port_base, s))
+                                         : absl::StrCat("--metrics_address=127.0.0.1:", metrics_port),
                                      absl::StrCat("--port_file=", port_file)};
     if (s > 0) argv.push_back(absl::StrCat("--coordinator=", addresses[0]));
-    argv.insert(argv.end(), spec.server_flags.begin(), spec.server_flags.end());
+    for (const std::string& flag : spec.server_flags) {
+      // A restarted server resumes from its newest checkpoint, whatever
+      // the job started from.
+      if (port != 0 && (absl::StartsWith(flag, "--resume_step") || absl::StartsWith(flag, "--start_fresh"))) continue;
+      argv.push_back(flag);
+    }
     argv.insert(argv.end(), server_security.begin(), server_security.end());
     const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
-    absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, log);
-    if (!child.ok()) return fail(child.status());
-    servers.push_back(std::move(*child));
-    absl::StatusOr<int> port = WaitForPortFile(port_file, servers.back(), absl::Seconds(30));
-    if (!port.ok()) {
-      return fail(absl::Status(port.status().code(),
-                               absl::StrCat(port.status().message(), "\n--- ", log, " ---\n", Tail(log))));
+    ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, log));
+    if (static_cast<int>(servers.size()) <= s) {
+      servers.push_back(std::move(child));
+    } else {
+      servers[s] = std::move(child);
     }
+    absl::StatusOr<int> bound = WaitForPortFile(port_file, servers[s], absl::Seconds(30));
+    if (!bound.ok()) {
+      return absl::Status(bound.status().code(),
+                          absl::StrCat(bound.status().message(), "\n--- ", log, " ---\n", Tail(log)));
+    }
+    return *bound;
+  };
+  std::vector<int> server_ports, server_metrics_ports;
+  for (int s = 0; s < spec.num_servers; ++s) {
+    absl::StatusOr<int> port = start_server(s, 0, 0);
+    if (!port.ok()) return fail(port.status());
+    const std::string port_file = absl::StrCat(spec.run_dir, "/server", s, ".port");
+    server_ports.push_back(*port);
+    server_metrics_ports.push_back(MetricsPortFromFile(port_file));
     addresses.push_back(absl::StrCat("127.0.0.1:", *port));
-    server_metrics.push_back(absl::StrCat("127.0.0.1:", MetricsPortFromFile(port_file)));
+    server_metrics.push_back(absl::StrCat("127.0.0.1:", server_metrics_ports.back()));
   }
   std::printf("pshard: %d shard servers up (%s); starting %d trainers; logs in %s\n", spec.num_servers,
               absl::StrJoin(addresses, ", ").c_str(), spec.num_trainers, spec.run_dir.c_str());
@@ -283,6 +305,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   std::vector<std::string> logs;
   std::vector<std::vector<std::string>> trainer_argv;
   std::vector<int> restarts(spec.num_trainers, 0);
+  std::vector<int> server_restarts(spec.num_servers, 0);
   // Every trainer writes to its log in the run folder; trainer 0's is also
   // followed onto this process's output.
   LogFollower trainer0(absl::StrCat(spec.run_dir, "/trainer0.log"));
@@ -335,11 +358,24 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     // Servers first: a trainer fails soon after a server it needs dies, and
     // the server is the cause to report.
     for (int s = 0; s < spec.num_servers; ++s) {
-      if (std::optional<int> code = servers[s].Poll()) {
-        const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
-        return fail(absl::InternalError(
-            absl::StrCat("shard server ", s, " exited early with code ", *code, "\n", Tail(log))));
+      std::optional<int> code = servers[s].Poll();
+      if (!code) continue;
+      const std::string log = absl::StrCat(spec.run_dir, "/server", s, ".log");
+      // A server that died comes back on its port and restores its newest
+      // checkpoint; the trainers notice, rejoin, and roll the others back
+      // to that step. One that exited with an error decided to.
+      if (*code > 128 && server_restarts[s] < spec.server_restarts) {
+        ++server_restarts[s];
+        std::printf("pshard: shard server %d died (signal %d); restarting it on port %d (%d of %d restarts): it "
+                    "restores its newest checkpoint and the trainers roll the job back to it\n",
+                    s, *code - 128, server_ports[s], server_restarts[s], spec.server_restarts);
+        std::fflush(stdout);
+        absl::StatusOr<int> port = start_server(s, server_ports[s], server_metrics_ports[s]);
+        if (!port.ok()) return fail(port.status());
+        continue;
       }
+      return fail(absl::InternalError(
+          absl::StrCat("shard server ", s, " exited early with code ", *code, "\n", Tail(log))));
     }
     bool all_done = true;
     for (int r = 0; r < spec.num_trainers; ++r) {
@@ -381,10 +417,14 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
                                               servers[s].Poll().value_or(-1), ")"));
     }
   }
-  int restarted = 0;
+  int restarted = 0, servers_restarted = 0;
   for (int n : restarts) restarted += n;
+  for (int n : server_restarts) servers_restarted += n;
+  std::vector<std::string> after;
+  if (restarted > 0) after.push_back(absl::StrCat(restarted, " trainer restarts"));
+  if (servers_restarted > 0) after.push_back(absl::StrCat(servers_restarted, " server restarts"));
   std::printf("pshard: all %d trainers finished%s; %d shard servers shut down cleanly\n", spec.num_trainers,
-              restarted == 0 ? "" : absl::StrCat(" (after ", restarted, " trainer restarts)").c_str(), spec.num_servers);
+              after.empty() ? "" : absl::StrCat(" (after ", absl::StrJoin(after, ", "), ")").c_str(), spec.num_servers);
   return absl::OkStatus();
 }
 

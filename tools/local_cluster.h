@@ -50,6 +50,11 @@ struct LocalClusterSpec {
   /// A trainer that dies (killed by a signal) is started again, at most this
   /// many times per rank; one that exits with an error ends the job.
   int trainer_restarts = 3;
+  /// A server that dies (killed by a signal) is started again on its port,
+  /// at most this many times per shard: it restores its newest checkpoint
+  /// and the trainers, rejoining, roll the job back to it. Exact only with
+  /// checkpoints (--checkpoint_dir); without, its trainers give up.
+  int server_restarts = 3;
 };
 
 /// A topology file with every server and every trainer on its own node

@@ -130,6 +130,9 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(int, trainer_restarts, 3,
           "local: a trainer that dies (killed by a signal) is started again, at most this many times per rank; it "
           "rejoins and redoes its step");
+ABSL_FLAG(int, server_restarts, 3,
+          "local: a shard server that dies (killed by a signal) is started again on its port, at most this many "
+          "times per shard; it restores its newest checkpoint (--checkpoint_dir) and the job rolls back to it");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
 ABSL_FLAG(std::string, step_overhead, "0",
           "plan: time of every step the planner's event model does not see (servers' update, host work of the "
@@ -323,6 +326,11 @@ int RunLocal() {
   spec.trainer_restarts = absl::GetFlag(FLAGS_trainer_restarts);
   if (spec.trainer_restarts < 0) {
     std::fprintf(stderr, "pshard local: --trainer_restarts=%d must be 0 or more\n", spec.trainer_restarts);
+    return 2;
+  }
+  spec.server_restarts = absl::GetFlag(FLAGS_server_restarts);
+  if (spec.server_restarts < 0) {
+    std::fprintf(stderr, "pshard local: --server_restarts=%d must be 0 or more\n", spec.server_restarts);
     return 2;
   }
   spec.tls = absl::GetFlag(FLAGS_tls);

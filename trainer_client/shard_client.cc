@@ -46,6 +46,23 @@ void BufferPool::Give(std::vector<float> buffer) {
   free_.push_back(std::move(buffer));
 }
 
+bool IsRecoverableFailure(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // ---- UnitTransfer ----
 
 UnitTransfer::UnitTransfer(int parts, std::shared_ptr<BufferPool> pool)
@@ -86,11 +103,21 @@ int64_t UnitTransfer::payload_bytes() const {
 }
 
 void UnitTransfer::PartDone(absl::Status status, int64_t wire_bytes, int64_t payload_bytes) {
-  absl::MutexLock lock(&mu_);
-  if (status.ok()) payload_bytes_ += payload_bytes;
-  if (status_.ok() && !status.ok()) status_ = std::move(status);
-  wire_bytes_ += wire_bytes;
-  if (--remaining_ == 0) finished_ = absl::Now();
+  bool first_failure = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) payload_bytes_ += payload_bytes;
+    if (status_.ok() && !status.ok()) {
+      status_ = std::move(status);
+      first_failure = remaining_ > 1;
+    }
+    wire_bytes_ += wire_bytes;
+    if (--remaining_ == 0) finished_ = absl::Now();
+  }
+  // The unit is lost with this part: the others need not run to their
+  // deadlines (a fetch from a live server may wait for a version that the
+  // dead one holds up).
+  if (first_failure) cancel_->Cancel();
 }
 
 // ---- per-shard connection and reactors ----
@@ -109,34 +136,75 @@ namespace {
 // Enough free buffers for a few prefetched units of each size.
 constexpr size_t kPooledBuffers = 8;
 
+// Each server's current step, by GetStatus.
+absl::Status ReadSteps(const std::vector<v1::ShardService::Stub*>& stubs, const std::vector<std::string>& addresses,
+                       std::vector<int64_t>& steps) {
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::StatusRequest request;
+    v1::StatusResponse response;
+    if (grpc::Status s = stubs[i]->GetStatus(&ctx, request, &response); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("status of ", addresses[i], ": ", s.error_message()));
+    }
+    steps[i] = response.current_step();
+  }
+  return absl::OkStatus();
+}
+
+// Asks every server ahead of `step` to go back to its checkpoint of it.
+absl::Status RollBackServers(const std::vector<v1::ShardService::Stub*>& stubs,
+                             const std::vector<std::string>& addresses, const std::vector<int64_t>& steps,
+                             int64_t step, uint64_t fingerprint, int rank) {
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    if (steps[i] <= step) continue;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::RollBackRequest request;
+    request.set_step(step);
+    request.set_job_fingerprint(fingerprint);
+    request.set_trainer_rank(rank);
+    v1::RollBackResponse response;
+    if (grpc::Status s = stubs[i]->RollBack(&ctx, request, &response); !s.ok()) {
+      return absl::Status(FromGrpcStatus(s).code(),
+                          absl::StrCat("rolling back ", addresses[i], " from step ", steps[i], " to step ", step,
+                                       ": ", s.error_message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Servers of one job are at the same step, or one apart for the moment a
-// step is being published. Waits (briefly) for them to agree; a lasting
-// difference means they were restored from checkpoints of different steps.
+// step is being published. Waits (briefly) for them to agree. A lasting
+// difference means some were restored from checkpoints of an earlier step:
+// with `roll_back`, the servers ahead are asked to go back to the lowest
+// step (a server that restarted mid-job); without, it is an error.
 absl::StatusOr<int64_t> AgreedStep(const std::vector<v1::ShardService::Stub*>& stubs,
-                                   const std::vector<std::string>& addresses, std::vector<int64_t> steps) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+                                   const std::vector<std::string>& addresses, std::vector<int64_t> steps,
+                                   bool roll_back, uint64_t fingerprint, int rank) {
+  absl::Time give_up = absl::Now() + (roll_back ? absl::Seconds(2) : absl::Seconds(10));
+  int rollbacks = 0;
   while (true) {
     const auto [lo, hi] = std::minmax_element(steps.begin(), steps.end());
     if (*lo == *hi) return *hi;
-    if (absl::Now() >= give_up) {
-      std::vector<std::string> where;
-      for (size_t i = 0; i < steps.size(); ++i) where.push_back(absl::StrCat(addresses[i], " at ", steps[i]));
+    std::vector<std::string> where;
+    for (size_t i = 0; i < steps.size(); ++i) where.push_back(absl::StrCat(addresses[i], " at ", steps[i]));
+    if (absl::Now() >= give_up && roll_back && rollbacks < 3) {
+      ++rollbacks;
+      std::fprintf(stderr,
+                   "pshard-trainer %d: the shard servers are at different steps (%s): a server restarted from its "
+                   "checkpoint; rolling the others back to step %lld\n",
+                   rank, absl::StrJoin(where, ", ").c_str(), static_cast<long long>(*lo));
+      RETURN_IF_ERROR(RollBackServers(stubs, addresses, steps, *lo, fingerprint, rank));
+      give_up = absl::Now() + absl::Seconds(2);
+    } else if (absl::Now() >= give_up) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the shard servers are at different steps (", absl::StrJoin(where, ", "),
           "): they were restored from checkpoints of different steps; restart them with "
           "--resume_step set to a step every shard has"));
     }
     absl::SleepFor(absl::Milliseconds(200));
-    for (size_t i = 0; i < stubs.size(); ++i) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      v1::StatusRequest request;
-      v1::StatusResponse response;
-      if (grpc::Status s = stubs[i]->GetStatus(&ctx, request, &response); !s.ok()) {
-        return absl::UnavailableError(absl::StrCat("status of ", addresses[i], ": ", s.error_message()));
-      }
-      steps[i] = response.current_step();
-    }
+    RETURN_IF_ERROR(ReadSteps(stubs, addresses, steps));
   }
 }
 
@@ -144,7 +212,29 @@ absl::StatusOr<int64_t> AgreedStep(const std::vector<v1::ShardService::Stub*>& s
 
 ShardClient::ShardClient(Options options)
     : options_(std::move(options)), pool_(std::make_shared<BufferPool>(kPooledBuffers)) {}
-ShardClient::~ShardClient() = default;
+ShardClient::~ShardClient() {
+  std::vector<std::shared_ptr<UnitTransfer>> live;
+  {
+    absl::MutexLock lock(&live_mu_);
+    for (auto& weak : live_) {
+      if (std::shared_ptr<UnitTransfer> t = weak.lock()) live.push_back(std::move(t));
+    }
+  }
+  // Their parts still use the transports and the UCX context.
+  for (auto& t : live) t->Cancel();
+  for (auto& t : live) t->Wait().IgnoreError();
+}
+
+void ShardClient::Track(const std::shared_ptr<UnitTransfer>& transfer) {
+  absl::MutexLock lock(&live_mu_);
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [](const std::weak_ptr<UnitTransfer>& w) {
+                               std::shared_ptr<UnitTransfer> t = w.lock();
+                               return t == nullptr || t->done();
+                             }),
+              live_.end());
+  live_.push_back(transfer);
+}
 
 absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options options) {
   if (options.server_addresses.empty()) return absl::InvalidArgumentError("no shard server addresses given");
@@ -224,7 +314,9 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
       stubs.push_back(shard->stub.get());
       addresses.push_back(shard->address);
     }
-    ASSIGN_OR_RETURN(client->joined_step_, AgreedStep(stubs, addresses, std::move(joined_steps)));
+    ASSIGN_OR_RETURN(client->joined_step_,
+                     AgreedStep(stubs, addresses, std::move(joined_steps), options.roll_back_to_common_step,
+                                fingerprint, options.trainer_rank));
   }
   RETURN_IF_ERROR(client->CreateTransports());
   if (options.trainer_rank >= client->job_.num_trainers) {
@@ -381,9 +473,11 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
   auto transfer = std::make_shared<UnitTransfer>(static_cast<int>(targets.size()), pool_);
   const UnitPartition& p = layout_.partitions[unit];
   transfer->values_ = pool_->Take(p.padded_numel());
+  Track(transfer);
   for (int s : targets) {
     const SliceRange slice = p.Slice(s);
-    FetchArgs args{unit, version, options_.encodings.weight_format(), options_.trainer_rank, slice};
+    FetchArgs args{unit, version, options_.encodings.weight_format(), options_.trainer_rank, slice,
+                   transfer->cancel_scope()};
     const auto payload = static_cast<int64_t>(args.format.EncodedBytes(static_cast<size_t>(slice.length)));
     shards_[s]->transport->Fetch(args, transfer->values_.data() + slice.begin,
                                  [transfer, payload](absl::Status status, int64_t bytes) {
@@ -426,10 +520,11 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
     }
   }
   auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
+  Track(transfer);
   for (size_t i = 0; i < targets.size(); ++i) {
     const int s = targets[i];
     PushArgs args{unit, step, format, push.first_rank >= 0 ? push.first_rank : options_.trainer_rank,
-                  push.rank_count, push.micro_batch, p.Slice(s), non_finite[i] != 0};
+                  push.rank_count, push.micro_batch, p.Slice(s), non_finite[i] != 0, transfer->cancel_scope()};
     const auto payload = static_cast<int64_t>(format.EncodedBytes(static_cast<size_t>(args.slice.length)));
     shards_[s]->transport->Push(args, shared, [transfer, payload](absl::Status status, int64_t bytes) {
       transfer->PartDone(std::move(status), bytes, payload);

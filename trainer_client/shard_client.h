@@ -22,6 +22,7 @@
 #include "common/wire_encoding.h"
 #include "common/security/security.h"
 #include "trainer_client/transport/link/link_emulator.h"
+#include "trainer_client/transport/transport.h"
 
 namespace pshard {
 
@@ -43,6 +44,8 @@ class BufferPool {
 };
 
 /// One asynchronous unit transfer (a fetch or a push across all shards).
+/// The first part that fails cancels the others, so that the transfer ends
+/// with that failure at once instead of when the slowest part gives up.
 /// Thread-safe; Wait() may be called from any thread, more than once.
 class UnitTransfer {
  public:
@@ -51,6 +54,11 @@ class UnitTransfer {
   ~UnitTransfer();
   /// Blocks until every shard's part is done; the first error, if any.
   absl::Status Wait();
+  /// Ends the parts still in flight (with Cancelled, unless another error
+  /// came first).
+  void Cancel() { cancel_->Cancel(); }
+  /// What the transports register their parts' cancellation with.
+  const std::shared_ptr<CancelScope>& cancel_scope() const { return cancel_; }
   bool done() const;
   /// The unit's elements (fetch only): padded length, valid after Wait().
   std::vector<float>& values() { return values_; }
@@ -77,7 +85,15 @@ class UnitTransfer {
   const absl::Time started_;
   std::vector<float> values_;
   std::shared_ptr<BufferPool> pool_;
+  const std::shared_ptr<CancelScope> cancel_ = std::make_shared<CancelScope>();
 };
+
+/// Whether a step that failed with `status` may succeed after the trainer
+/// rejoins: a server went away or restarted (Unavailable, Cancelled, a
+/// deadline), rolled back (Aborted, steps out of range), or a transfer was
+/// damaged (DataLoss). A refusal of what the trainer is or asks for
+/// (arguments, credentials, limits) is not.
+bool IsRecoverableFailure(const absl::Status& status);
 
 class ShardClient {
  public:
@@ -127,11 +143,17 @@ class ShardClient {
     /// The credentials of every channel to the servers (null: plaintext,
     /// no token).
     std::shared_ptr<const ClientSecurity> security;
+    /// A trainer rejoining after a fault: when the servers are at
+    /// different steps (one restarted from its newest checkpoint), ask
+    /// those ahead to roll back to the lowest step (the RollBack RPC), and
+    /// join there. Without it, different steps fail the join.
+    bool roll_back_to_common_step = false;
   };
 
   /// Joins every server, checks that they run the same job and together
   /// cover shards 0..N-1, and derives the layout.
   static absl::StatusOr<std::unique_ptr<ShardClient>> Connect(Options options);
+  /// Cancels the transfers still in flight and waits for them to end.
   ~ShardClient();
 
   const JobConfig& job() const { return job_; }
@@ -212,6 +234,11 @@ class ShardClient {
   mutable absl::Mutex residual_mu_;
   std::vector<std::vector<float>> residuals_ ABSL_GUARDED_BY(residual_mu_);
   std::map<std::string, std::shared_ptr<LinkBucket>> buckets_;  // "name/slot"; while creating transports
+  // Transfers started, to cancel and drain at destruction (ended ones are
+  // dropped as new ones start).
+  void Track(const std::shared_ptr<UnitTransfer>& transfer);
+  absl::Mutex live_mu_;
+  std::vector<std::weak_ptr<UnitTransfer>> live_ ABSL_GUARDED_BY(live_mu_);
   DeadlineTimer timer_;  // delivers emulated-link delays
 };
 

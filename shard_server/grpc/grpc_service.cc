@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/copy.h"
@@ -27,7 +28,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       format = WeightFormatFromProto(request_.encoding(), request_.quant_block());
       status = format.status();
     }
-    if (status.ok()) status = state->CheckFetch(request_.unit(), request_.version());
+    if (status.ok()) status = state->CheckFetch(request_.unit(), request_.version(), request_.trainer_rank());
     if (!status.ok()) {
       FinishWith(status);
       return;
@@ -268,6 +269,7 @@ bool Allowed(RpcMethod method, Role role) {
       return role == Role::kTrainer || role == Role::kReader;
     case RpcMethod::kPush:
     case RpcMethod::kRendezvous:
+    case RpcMethod::kRollBack:
       return role == Role::kTrainer;
     case RpcMethod::kAgreeNorm:
     case RpcMethod::kAnnounce:
@@ -365,6 +367,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
     absl::MutexLock lock(&joined_mu_);
     joined_[rank] = request->metrics_address();
     state_->DeclareGradientFormat(rank, grads);
+    state_->MarkJoined(rank);
   }
   *response->mutable_job() = JobToProto(state_->job());
   response->set_shard_index(state_->shard_index());
@@ -579,6 +582,36 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Rendezvous(grpc::CallbackServerConte
                      }
                      FinishUnary(reactor, RpcMethod::kRendezvous, start, payloads.status());
                    });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardServiceImpl::RollBack(grpc::CallbackServerContext* ctx,
+                                                     const v1::RollBackRequest* request,
+                                                     v1::RollBackResponse* response) {
+  const absl::Time start = absl::Now();
+  auto* reactor = ctx->DefaultReactor();
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kRollBack); !refused.ok()) {
+    FinishUnary(reactor, RpcMethod::kRollBack, start, refused);
+    return reactor;
+  }
+  if (request->job_fingerprint() != fingerprint_) {
+    FinishUnary(reactor, RpcMethod::kRollBack, start,
+                absl::FailedPreconditionError(absl::StrCat("shard ", state_->shard_index(),
+                                                           ": a rollback asked for by another job")));
+    return reactor;
+  }
+  if (!options_.roll_back) {
+    FinishUnary(reactor, RpcMethod::kRollBack, start,
+                absl::UnimplementedError(absl::StrCat("shard ", state_->shard_index(), " cannot roll back")));
+    return reactor;
+  }
+  // Stopping and restarting the step driver takes up to a second: not on
+  // gRPC's callback thread. The gRPC server's shutdown waits for this call.
+  std::thread([this, reactor, response, start, step = request->step(), rank = request->trainer_rank()] {
+    absl::StatusOr<int64_t> now = options_.roll_back(step, rank);
+    if (now.ok()) response->set_current_step(*now);
+    FinishUnary(reactor, RpcMethod::kRollBack, start, now.status());
+  }).detach();
   return reactor;
 }
 

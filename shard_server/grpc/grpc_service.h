@@ -4,6 +4,7 @@
 #define PSHARD_SHARD_SERVER_GRPC_GRPC_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,7 +27,8 @@ using ShardServiceBase = v1::ShardService::WithCallbackMethod_Join<
     v1::ShardService::WithRawCallbackMethod_Fetch<v1::ShardService::WithRawCallbackMethod_Push<
         v1::ShardService::WithCallbackMethod_AgreeNorm<v1::ShardService::WithCallbackMethod_GetStatus<
             v1::ShardService::WithCallbackMethod_Announce<v1::ShardService::WithCallbackMethod_ReadMaster<
-                v1::ShardService::WithCallbackMethod_Rendezvous<v1::ShardService::Service>>>>>>>>;
+                v1::ShardService::WithCallbackMethod_Rendezvous<
+                    v1::ShardService::WithCallbackMethod_RollBack<v1::ShardService::Service>>>>>>>>>;
 
 /// Serves one ShardState. Does not own it. Thread-safe.
 class ShardServiceImpl final : public ShardServiceBase {
@@ -44,6 +46,10 @@ class ShardServiceImpl final : public ShardServiceBase {
     std::string own_address;
     /// Checks every call's caller (not owned); null: every caller is served.
     CallerAuthenticator* authenticator = nullptr;
+    /// Takes the server back to its checkpoint of `step` for trainer `rank`
+    /// (the RollBack RPC; blocks while the step driver stops and restarts)
+    /// and returns the step it is at; empty: RollBack is refused.
+    std::function<absl::StatusOr<int64_t>(int64_t step, int rank)> roll_back;
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
@@ -70,6 +76,9 @@ class ShardServiceImpl final : public ShardServiceBase {
   grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* ctx,
                                        const v1::RendezvousRequest* request,
                                        v1::RendezvousResponse* response) override;
+
+  grpc::ServerUnaryReactor* RollBack(grpc::CallbackServerContext* ctx, const v1::RollBackRequest* request,
+                                     v1::RollBackResponse* response) override;
 
   /// Answers waiting rendezvous calls (before the gRPC server shuts down,
   /// which waits for every call to finish).

@@ -111,7 +111,7 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
   }
   absl::StatusOr<WireFormat> format = WeightFormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block);
   absl::Status status = format.status();
-  if (status.ok()) status = self->state->CheckFetch(h.unit, h.version);
+  if (status.ok()) status = self->state->CheckFetch(h.unit, h.version, *rank);
   if (!status.ok()) {
     self->Refuse(ep, ucx::kFetchReply, h.request_id, status);
     return UCS_OK;

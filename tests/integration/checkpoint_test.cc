@@ -265,6 +265,52 @@ TEST(CheckpointResume, ShardsAtDifferentStepsAreReportedToTrainers) {
   EXPECT_THAT(client.status().message(), HasSubstr("--resume_step"));
 }
 
+// A shard that restarts from an older checkpoint than the others hold (it
+// died before writing its newest): a rejoining trainer has the shards ahead
+// roll back to that step, and the steps redone from there give the weights
+// of a job that never stopped, bit for bit.
+TEST(CheckpointResume, ARejoiningTrainerRollsTheShardsAheadBackAndTheJobEndsBitIdentical) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("rollback");
+  ASSERT_NO_FATAL_FAILURE(TrainAndStop(job, dir, /*every=*/1, /*steps=*/3));
+  std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(1, 2, 3));
+  auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_EQ((*cluster)->server(0).state().current_step(), 3);
+  ASSERT_EQ((*cluster)->server(1).state().current_step(), 2);
+
+  // A step without a checkpoint is refused, and nothing changes.
+  absl::StatusOr<int64_t> refused = (*cluster)->server(0).RollBack(1, 0);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("cannot go back to step 1"));
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 3);
+
+  ShardClient::Options options;
+  options.server_addresses = (*cluster)->addresses();
+  options.trainer_rank = 0;
+  options.encodings = WireEncodings(WireEncoding::kFp32);
+  options.transport = "grpc";
+  options.roll_back_to_common_step = true;
+  {
+    auto client = ShardClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_EQ((*client)->joined_step(), 2);
+  }
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 2);
+  const std::string page = (*cluster)->server(0).registry().Serialize();
+  EXPECT_THAT(page, HasSubstr("pshard_server_rollbacks_total{shard=\"0\"} 1"));
+  EXPECT_THAT(page, HasSubstr("pshard_server_rolled_back_steps_total{shard=\"0\"} 1"));
+
+  absl::Status trained = Train(**cluster, 1, 2, kTotalSteps);
+  ASSERT_TRUE(trained.ok()) << trained;
+  auto got = (*cluster)->ReadMasterWeights(kTotalSteps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto want = TrainReference(job, WireEncoding::kFp32, TinyTrainerOptions(7), TestCorpus(), kTotalSteps);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_TRUE(BitIdentical(*got, *want));
+}
+
 // Names and modification times of everything under `dir`.
 std::map<std::string, std::filesystem::file_time_type> FolderContents(const std::string& dir) {
   std::map<std::string, std::filesystem::file_time_type> out;

@@ -127,6 +127,7 @@ std::optional<Role> WrongRoleFor(RpcMethod m) {
       return Role::kServer;
     case RpcMethod::kPush:
     case RpcMethod::kRendezvous:
+    case RpcMethod::kRollBack:
       return Role::kReader;
     case RpcMethod::kAgreeNorm:
     case RpcMethod::kAnnounce:
@@ -139,7 +140,7 @@ std::optional<Role> WrongRoleFor(RpcMethod m) {
 
 constexpr RpcMethod kMethods[] = {RpcMethod::kJoin,      RpcMethod::kFetch,      RpcMethod::kPush,
                                   RpcMethod::kAgreeNorm, RpcMethod::kGetStatus,  RpcMethod::kReadMaster,
-                                  RpcMethod::kRendezvous, RpcMethod::kAnnounce};
+                                  RpcMethod::kRendezvous, RpcMethod::kAnnounce,   RpcMethod::kRollBack};
 
 // Makes one well-formed call of `method` to shard 0 that, if accepted, would
 // change its state (join as trainer 0, push a gradient, report a norm for
@@ -218,6 +219,13 @@ grpc::Status Call(v1::ShardService::Stub* stub, RpcMethod method, const ShardSta
       request.set_job_fingerprint(JobFingerprint(state.job()));
       v1::AnnounceResponse response;
       return stub->Announce(&ctx, request, &response);
+    }
+    case RpcMethod::kRollBack: {
+      v1::RollBackRequest request;
+      request.set_step(0);
+      request.set_job_fingerprint(JobFingerprint(state.job()));
+      v1::RollBackResponse response;
+      return stub->RollBack(&ctx, request, &response);
     }
   }
   return grpc::Status(grpc::StatusCode::INTERNAL, "no such method");

@@ -28,10 +28,10 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
  public:
   FetchPart(grpc::GenericStub* stub, float* dest, TransferDone done, int shard, std::string address,
             const SliceRange& slice, int unit, int64_t version, const WireFormat& format, int trainer,
-            absl::Duration timeout)
+            absl::Duration timeout, const std::shared_ptr<CancelScope>& cancel)
       : dest_(dest), done_(std::move(done)), shard_(shard), address_(std::move(address)), slice_(slice),
         unit_(unit), version_(version), format_(format) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    ctx_->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     v1::FetchRequest request;
     request.set_unit(unit);
     request.set_version(version);
@@ -39,7 +39,8 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     request.set_quant_block(format.block());
     request.set_trainer_rank(trainer);
     request_ = SerializeMessage(request);
-    stub->PrepareBidiStreamingCall(&ctx_, MethodName("Fetch"), grpc::StubOptions(), this);
+    stub->PrepareBidiStreamingCall(ctx_.get(), MethodName("Fetch"), grpc::StubOptions(), this);
+    if (cancel) cancel->OnCancel([ctx = ctx_] { ctx->TryCancel(); });
     StartWriteLast(&request_, grpc::WriteOptions());
     StartRead(&frame_);
     StartCall();
@@ -54,7 +55,7 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
     frame_.Clear();
     if (!s.ok()) {
       error_ = s;
-      ctx_.TryCancel();
+      ctx_->TryCancel();
       return;
     }
     wire_bytes_ += frame_bytes;
@@ -114,7 +115,8 @@ class FetchPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::B
   const int unit_;
   const int64_t version_;
   const WireFormat format_;
-  grpc::ClientContext ctx_;
+  // Shared with the cancel scope, which may call TryCancel after the call ended.
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   grpc::ByteBuffer request_;
   grpc::ByteBuffer frame_;
   absl::Status error_;
@@ -134,7 +136,7 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
       : done_(std::move(done)), grads_(std::move(grads)), shard_(shard),
         address_(std::move(address)), slice_(args.slice), unit_(args.unit), step_(args.step), format_(args.format),
         chunk_elements_(static_cast<int64_t>(args.format.ElementsPerPiece(static_cast<size_t>(chunk_bytes)))) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    ctx_->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
     header_.set_trainer_rank(args.first_rank);
     header_.set_step(args.step);
     header_.set_unit(args.unit);
@@ -144,7 +146,8 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     header_.set_slice_length(args.slice.length);
     header_.set_micro_batch(args.micro_batch);
     header_.set_rank_count(args.rank_count);
-    stub->PrepareBidiStreamingCall(&ctx_, MethodName("Push"), grpc::StubOptions(), this);
+    stub->PrepareBidiStreamingCall(ctx_.get(), MethodName("Push"), grpc::StubOptions(), this);
+    if (args.cancel) args.cancel->OnCancel([ctx = ctx_] { ctx->TryCancel(); });
     StartRead(&response_frame_);
     WriteNext();
     StartCall();
@@ -207,7 +210,8 @@ class PushPart final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   const int64_t step_;
   const WireFormat format_;
   const int64_t chunk_elements_;
-  grpc::ClientContext ctx_;
+  // Shared with the cancel scope, which may call TryCancel after the call ended.
+  const std::shared_ptr<grpc::ClientContext> ctx_ = std::make_shared<grpc::ClientContext>();
   v1::PushChunk header_;  // every field but the data, repeated in each chunk
   grpc::ByteBuffer frame_;
   grpc::ByteBuffer response_frame_;
@@ -225,7 +229,7 @@ GrpcTransport::GrpcTransport(Spec spec)
 
 void GrpcTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
   new FetchPart(&generic_, dest, std::move(done), spec_.shard, spec_.address, args.slice, args.unit, args.version,
-                args.format, args.trainer, spec_.rpc_timeout);
+                args.format, args.trainer, spec_.rpc_timeout, args.cancel);
 }
 
 void GrpcTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {

@@ -28,6 +28,7 @@ struct UcxContext::Op {
   absl::Duration timeout;
   std::string what;     // "fetch of unit 3 version 12 from shard 1 (host:port)"
   TransferDone done;
+  std::shared_ptr<CancelScope> cancel;  // registered when the op starts
   int64_t wire_bytes = 0;
   // fetch
   ucx::FetchHeader fetch;
@@ -120,6 +121,21 @@ void UcxContext::Expire(uint64_t id) {
   std::shared_ptr<Op> op = Take(id);
   op->Finish(absl::DeadlineExceededError(
       absl::StrCat("no reply over UCX within ", absl::FormatDuration(op->timeout))));
+}
+
+void UcxContext::Cancel(uint64_t id) {
+  auto it = pending_.find(id);
+  // Gone (ended), or its data is landing in dest: that ends it soon.
+  if (it == pending_.end() || it->second->receiving) return;
+  Take(id)->Finish(absl::CancelledError("cancelled: another slice of the unit failed"));
+}
+
+void UcxContext::FailEndpoint(ucp_ep_h ep, const absl::Status& status) {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, op] : pending_) {
+    if (op->ep == ep && !op->receiving) ids.push_back(id);
+  }
+  for (uint64_t id : ids) Take(id)->Finish(status);
 }
 
 void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data) {
@@ -234,8 +250,13 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Spec spec) {
   UcxTransport* raw = t.get();
   const bool posted = raw->spec_.context->worker_->Post([raw, &created, &status] {
     ucp_ep_params_t params{};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.field_mask =
+        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.address = reinterpret_cast<const ucp_address_t*>(raw->spec_.ucx_address.data());
+    // A server that dies is noticed from the connection, not at the deadline.
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxTransport::OnEndpointError;
+    params.err_handler.arg = raw;
     status = ucp_ep_create(raw->spec_.context->worker_->worker(), &params, &raw->ep_);
     created.Notify();
   });
@@ -269,6 +290,14 @@ UcxTransport::~UcxTransport() {
   if (posted) closed.WaitForNotification();
 }
 
+void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<UcxTransport*>(arg);
+  self->failed_ = true;
+  self->spec_.context->FailEndpoint(
+      ep, absl::UnavailableError(absl::StrCat("the UCX connection to the server failed (", ucs_status_string(status),
+                                              "): it is down or unreachable")));
+}
+
 void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
   auto op = std::make_shared<UcxContext::Op>();
   op->is_fetch = true;
@@ -277,6 +306,7 @@ void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) 
   op->what = absl::StrCat("fetch of unit ", args.unit, " version ", args.version, " from ",
                           Where(spec_.shard, spec_.address));
   op->done = std::move(done);
+  op->cancel = args.cancel;
   op->fetch_args = args;
   op->dest = dest;
   op->fetch = ucx::FetchHeader{spec_.session_token, op->id, args.version, absl::ToInt64Milliseconds(spec_.rpc_timeout),
@@ -292,6 +322,7 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
   op->timeout = spec_.rpc_timeout;
   op->what = absl::StrCat("push of unit ", args.unit, " step ", args.step, " to ", Where(spec_.shard, spec_.address));
   op->done = std::move(done);
+  op->cancel = args.cancel;
   const std::span<const float> values(grads->data() + args.slice.begin, args.slice.length);
   op->payload_length = args.format.EncodedBytes(values.size());
   if (args.format.encoding() == WireEncoding::kFp32) {
@@ -317,12 +348,22 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
 }
 
 void UcxTransport::StartOp(std::shared_ptr<UcxContext::Op> op) {
+  if (failed_) {
+    op->Finish(absl::UnavailableError("the UCX connection to the server failed earlier: it is down or unreachable"));
+    return;
+  }
   op->ep = ep_;
   op->owner = spec_.context;
   UcxContext* context = spec_.context;
+  std::shared_ptr<CancelScope> cancel = op->cancel;
+  const uint64_t id = op->id;
   if (!context->worker_->Post([context, op] { context->Start(op); })) {
     op->Finish(absl::CancelledError("the trainer's UCX context is shutting down"));
+    return;
   }
+  // Posted after the start: the cancel finds the op pending (or ended).
+  // The context outlives every transfer of its client (ShardClient).
+  if (cancel) cancel->OnCancel([context, id] { context->worker_->Post([context, id] { context->Cancel(id); }); });
 }
 
 }  // namespace pshard

@@ -40,6 +40,10 @@ class UcxContext {
   /// On the progress thread: registers `op`, sends it, and arms its deadline.
   void Start(std::shared_ptr<Op> op);
   void Expire(uint64_t id);
+  /// Ends a pending op with Cancelled (its CancelScope was cancelled).
+  void Cancel(uint64_t id);
+  /// Ends every pending op on `ep` (whose connection failed) with `status`.
+  void FailEndpoint(ucp_ep_h ep, const absl::Status& status);
   std::shared_ptr<Op> Take(uint64_t id);
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param);
@@ -92,8 +96,11 @@ class UcxTransport final : public Transport {
  private:
   explicit UcxTransport(Spec spec) : spec_(std::move(spec)) {}
   void StartOp(std::shared_ptr<UcxContext::Op> op);
+  /// UCX's error callback of the endpoint (progress thread).
+  static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   const Spec spec_;
   ucp_ep_h ep_ = nullptr;  // used on the progress thread only
+  std::atomic<bool> failed_{false};  // the endpoint's connection failed: new ops fail at once
 };
 
 }  // namespace pshard
