@@ -133,6 +133,9 @@ ABSL_FLAG(int, trainer_restarts, 3,
 ABSL_FLAG(int, server_restarts, 3,
           "local: a shard server that dies (killed by a signal) is started again on its port, at most this many "
           "times per shard; it restores its newest checkpoint (--checkpoint_dir) and the job rolls back to it");
+ABSL_FLAG(absl::Duration, server_retry_limit, absl::Minutes(10),
+          "local: how long a trainer keeps rejoining after a server went away (0: it exits at once)");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(120), "local: the trainers' deadline of every fetch and push");
 ABSL_FLAG(bool, json, false, "plan: print JSON instead of tables");
 ABSL_FLAG(std::string, step_overhead, "0",
           "plan: time of every step the planner's event model does not see (servers' update, host work of the "
@@ -305,6 +308,8 @@ int RunLocal() {
       absl::StrCat("--attention=", absl::GetFlag(FLAGS_attention)),
       absl::StrCat("--data=", absl::GetFlag(FLAGS_data)),
       absl::StrCat("--log_every=", absl::GetFlag(FLAGS_log_every)),
+      absl::StrCat("--server_retry_limit=", absl::FormatDuration(absl::GetFlag(FLAGS_server_retry_limit))),
+      absl::StrCat("--rpc_timeout=", absl::FormatDuration(absl::GetFlag(FLAGS_rpc_timeout))),
   };
   if (const std::string placement = absl::GetFlag(FLAGS_placement); placement == "paired") {
     spec.paired = true;
