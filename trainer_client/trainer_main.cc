@@ -20,7 +20,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "proto/rpc_util.h"
 #include "common/link_rate.h"
 #include "common/security/flags.h"
 #include "common/signals.h"
@@ -33,6 +32,7 @@
 #include "trainer_client/route_plan.h"
 #include "trainer_client/group/socket/socket_group.h"
 #include "trainer_client/trainer_metrics.h"
+#include "trainer_client/rejoining_trainer.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/gpu_plugin.h"
 #include "common/memory_policy.h"
@@ -351,7 +351,6 @@ int Run() {
   const int rank = copts.trainer_rank;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int log_every = absl::GetFlag(FLAGS_log_every);
-  const int64_t first = (*client)->joined_step();
   if (rank == 0) {
     const auto mib = [](int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); };
     std::printf("pshard: %lld parameters in %zu units over %d shard servers, %d trainers; %s on the wire, "
@@ -411,69 +410,22 @@ int Run() {
       return 2;
     }
   }
-  // After a step failed because a server went away, restarted or rolled
-  // back: drop the client (its transfers are cancelled), join the servers
-  // again (they roll back to one step if they differ), and resume at their
-  // step. Steps are functions of the weights and of (seed, step, rank), so
-  // the steps redone give the bits they gave the first time.
-  const absl::Duration retry_limit = absl::GetFlag(FLAGS_server_retry_limit);
-  const uint64_t fingerprint = pshard::JobFingerprint(job);
-  absl::Time outage_start = absl::InfiniteFuture();  // of the failures since the last good step
-  int rejoins = 0;
-  auto rejoin = [&](const absl::Status& failure) -> absl::StatusOr<int64_t> {
-    const absl::Time give_up = outage_start + retry_limit;
-    absl::Status last = failure;
-    trainer->reset();
-    client->reset();
-    for (absl::Duration backoff = absl::Milliseconds(100); !stop; backoff = std::min(2 * backoff, absl::Seconds(5))) {
-      if (absl::Now() >= give_up) {
-        return absl::DeadlineExceededError(absl::StrCat("the servers did not take this trainer back within ",
-                                                        absl::FormatDuration(retry_limit),
-                                                        " (--server_retry_limit); last: ", last.message()));
-      }
-      absl::SleepFor(std::min(backoff, give_up - absl::Now()));
-      pshard::ShardClient::Options again = copts;
-      again.roll_back_to_common_step = true;
-      again.join_timeout = std::max(absl::Seconds(1), give_up - absl::Now());
-      absl::StatusOr<std::unique_ptr<pshard::ShardClient>> joined = pshard::ShardClient::Connect(again);
-      if (!joined.ok()) {
-        if (!pshard::IsRecoverableFailure(joined.status())) return joined.status();
-        last = joined.status();
-        continue;
-      }
-      if (pshard::JobFingerprint((*joined)->job()) != fingerprint) {
-        return absl::FailedPreconditionError("the servers now run a different job from the one this trainer joined");
-      }
-      absl::StatusOr<std::unique_ptr<pshard::Trainer>> made = pshard::Trainer::Create(joined->get(), &*data, topts);
-      if (!made.ok()) return made.status();
-      client = std::move(joined);
-      trainer = std::move(made);
-      return (*client)->joined_step();
-    }
-    return absl::CancelledError("interrupted while rejoining");
-  };
-  for (int64_t step = first; step < steps && !stop; ++step) {
-    absl::StatusOr<pshard::StepReport> r = (*trainer)->RunStep(step);
+  // A step that fails because a server went away, restarted or rolled
+  // back is retried after a rejoin (RejoiningTrainer).
+  pshard::RejoiningTrainer::Options rejoining;
+  rejoining.client = copts;
+  rejoining.trainer = topts;
+  rejoining.retry_limit = absl::GetFlag(FLAGS_server_retry_limit);
+  rejoining.stopping = [] { return stop.load(); };
+  pshard::RejoiningTrainer runner(rejoining, &*data, *std::move(client), *std::move(trainer));
+  while (runner.next_step() < steps && !stop) {
+    absl::StatusOr<pshard::StepReport> r = runner.Step();
     if (!r.ok()) {
-      std::fprintf(stderr, "pshard-trainer %d: step %lld failed: %s\n", rank, static_cast<long long>(step),
-                   r.status().ToString().c_str());
-      if (retry_limit <= absl::ZeroDuration() || !pshard::IsRecoverableFailure(r.status()) || stop) return 1;
-      if (outage_start == absl::InfiniteFuture()) outage_start = absl::Now();
-      std::fprintf(stderr, "pshard-trainer %d: rejoining the servers (for at most %s more)\n", rank,
-                   absl::FormatDuration(absl::Trunc(outage_start + retry_limit - absl::Now(), absl::Seconds(1))).c_str());
-      absl::StatusOr<int64_t> resumed = rejoin(r.status());
-      if (!resumed.ok()) {
-        std::fprintf(stderr, "pshard-trainer %d: giving up: %s\n", rank, resumed.status().ToString().c_str());
-        return 1;
-      }
-      ++rejoins;
-      std::fprintf(stderr, "pshard-trainer %d: rejoined (%d so far); resuming at step %lld%s\n", rank, rejoins,
-                   static_cast<long long>(*resumed),
-                   *resumed < step ? absl::StrCat(" (redoing ", step - *resumed, " steps)").c_str() : "");
-      step = *resumed - 1;  // the loop's ++step makes it the resumed step
-      continue;
+      std::fprintf(stderr, "pshard-trainer %d: step %lld failed: %s\n", rank,
+                   static_cast<long long>(runner.next_step()), r.status().ToString().c_str());
+      return 1;
     }
-    outage_start = absl::InfiniteFuture();
+    const int64_t step = r->step;
     ++done;
     report_tokens = r->tokens;
     step_flops = r->flops;
