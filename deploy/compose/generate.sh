@@ -146,7 +146,7 @@ EOF
     ((multihost)) || echo "    hostname: trainer-$r"
     cat <<EOF
     command: ["trainer"]
-    restart: "no"
+    restart: on-failure:3
     environment:
       <<: *pshard-env
       PSHARD_RANK: "$r"

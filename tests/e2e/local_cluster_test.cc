@@ -333,6 +333,7 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
                                         "--checkpoint_keep=1", "--schedule_steps=1000"};
   std::vector<std::string> flags = job;
   flags.push_back("--steps=1000");
+  flags.push_back("--server_restarts=0");  // the shard stays dead: the job ends
   auto launcher = StartLocal(run_dir, flags);
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   const absl::Time deadline = absl::Now() + absl::Minutes(2);

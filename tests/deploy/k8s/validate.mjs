@@ -325,11 +325,21 @@ function CheckTrainers(docs, servers, errors) {
   const where = `Job ${kTrainerName}`;
   const pod = job.spec.template;
   if (job.spec.completionMode !== "Indexed") errors.push(`${where}: completionMode must be Indexed`);
-  if (!["Never", "OnFailure"].includes(pod.spec.restartPolicy)) {
-    errors.push(`${where}: restartPolicy must be Never or OnFailure`);
+  // A dead trainer is replaced by a pod of its index, a few times per
+  // rank; one that exited 1 or 2 on its own fails its index at once (a
+  // pod failure policy, which needs restartPolicy Never).
+  if (pod.spec.restartPolicy !== "Never") errors.push(`${where}: restartPolicy must be Never`);
+  if (!(job.spec.backoffLimitPerIndex >= 1 && job.spec.backoffLimitPerIndex <= 10)) {
+    errors.push(`${where}: backoffLimitPerIndex must be set and small (1..10), got ${job.spec.backoffLimitPerIndex}`);
   }
-  if (!(job.spec.backoffLimit >= 0 && job.spec.backoffLimit <= 10)) {
-    errors.push(`${where}: backoffLimit must be set and small (0..10), got ${job.spec.backoffLimit}`);
+  if (job.spec.maxFailedIndexes !== 0) {
+    errors.push(`${where}: maxFailedIndexes must be 0 (a rank that fails fails the job), got ${job.spec.maxFailedIndexes}`);
+  }
+  const failIndex = (job.spec.podFailurePolicy?.rules ?? []).find((r) => r.action === "FailIndex");
+  const codes = failIndex?.onExitCodes;
+  if (!codes || codes.operator !== "In" || !codes.values.includes(1) || !codes.values.includes(2) ||
+      (codes.containerName && !pod.spec.containers.some((c) => c.name === codes.containerName))) {
+    errors.push(`${where}: podFailurePolicy must fail the index on the trainer's exit codes 1 and 2`);
   }
   const svc = pod.spec.subdomain && Find(docs, "Service", pod.spec.subdomain);
   if (!svc) {
