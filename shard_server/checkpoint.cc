@@ -275,6 +275,13 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
   return path;
 }
 
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int keep,
+                                            int64_t protected_step) {
+  std::vector<CheckpointUnitView> views;
+  for (const CheckpointUnit& unit : checkpoint.units) views.push_back(CheckpointUnitView{unit.master, unit.m, unit.v});
+  return WriteCheckpoint(dir, checkpoint.header, views, keep, protected_step);
+}
+
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) return absl::NotFoundError(absl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(errno)));
@@ -296,7 +303,7 @@ absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {
     absl::StatusOr<int64_t> length = r.GetValue<int64_t>();
     if (!length.ok()) return length.status();
     if (*length < 0) return corrupt("negative slice length");
-    if (*length * 12 > file_bytes) {
+    if (*length > file_bytes / 12) {  // three fp32 parts; `*length * 12` could overflow
       return absl::DataLossError(absl::StrCat("checkpoint ", path, " is truncated: a unit declares ", *length,
                                               " elements, more than the file holds"));
     }

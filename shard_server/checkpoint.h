@@ -61,6 +61,10 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
                                             std::span<const CheckpointUnitView> units, int keep,
                                             int64_t protected_step = -1);
 
+/// The same, from a checkpoint held in memory (ShardState::Snapshot).
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int keep,
+                                            int64_t protected_step = -1);
+
 /// Reads and verifies one checkpoint file.
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
 /// Reads only the header of a checkpoint file (not verified by its CRC).

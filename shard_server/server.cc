@@ -13,6 +13,7 @@
 #include "common/optimizer.h"
 #include "absl/strings/str_join.h"
 #include "shard_server/checkpoint.h"
+#include "common/serial_executor.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -62,7 +63,14 @@ struct ShardServer::Impl {
   std::thread announcer;
   std::string checkpoint_dir;
   int checkpoint_keep = 2;
-  std::atomic<int64_t> saved_step{-1};  // the newest step on disk, -1: none
+  std::atomic<int64_t> saved_step{-1};  // the newest step written or being written, -1: none
+  // Checkpoints are written on their own thread (`writer`), one at a time.
+  absl::Mutex writer_mu;
+  bool writing ABSL_GUARDED_BY(writer_mu) = false;
+  void WaitForWriter() {
+    absl::MutexLock lock(&writer_mu);
+    writer_mu.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &writing));
+  }
   // This shard's checkpoint steps on disk, and the newest step every shard
   // holds (learnt with each norm agreement).
   absl::Mutex checkpoints_mu;
@@ -82,6 +90,8 @@ struct ShardServer::Impl {
     absl::MutexLock lock(&checkpoints_mu);
     common_step = std::max(common_step, agreed.checkpoint_steps.back());
   }
+  // Last: destroyed first, running what is queued while the rest is alive.
+  std::unique_ptr<SerialExecutor> writer = std::make_unique<SerialExecutor>();
 };
 
 namespace {
@@ -359,31 +369,51 @@ void ShardServer::SaveCheckpoint() {
   const int64_t step = state_->current_step();
   // Step 0 is the seed's initialisation: nothing to keep.
   if (impl.checkpoint_dir.empty() || step == 0 || impl.saved_step.load() == step) return;
+  // One write at a time: the state is copied once more at most, and a disk
+  // slower than the steps holds the steps back rather than piling copies up.
+  impl.WaitForWriter();
   const absl::Time start = absl::Now();
-  int64_t protected_step = -1;
-  {
-    absl::MutexLock lock(&impl.checkpoints_mu);
-    protected_step = impl.common_step;
-  }
-  absl::StatusOr<std::string> path = state_->SaveCheckpoint(impl.checkpoint_dir, impl.checkpoint_keep, protected_step);
-  if (!path.ok()) {
-    // Training goes on; the previous checkpoints stay.
+  absl::StatusOr<Checkpoint> snapshot = state_->Snapshot();
+  if (!snapshot.ok()) {
     std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", state_->shard_index(),
-                 static_cast<long long>(step), path.status().ToString().c_str());
+                 static_cast<long long>(step), snapshot.status().ToString().c_str());
     return;
   }
-  impl.saved_step = step;
+  impl.saved_step = step;  // asked for: not again, whatever the write does
   {
-    absl::MutexLock lock(&impl.checkpoints_mu);
-    impl.held_steps = ListCheckpointSteps(impl.checkpoint_dir, state_->shard_index(), state_->job().num_shards);
+    absl::MutexLock lock(&impl.writer_mu);
+    impl.writing = true;
   }
-  if (impl.metrics) {
-    impl.metrics->checkpoint_step.Set(static_cast<double>(step));
-    impl.metrics->checkpoint_write_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  std::fprintf(stderr, "pshard-server: shard %d: checkpoint of step %lld written to %s (%.0f ms)\n",
-               state_->shard_index(), static_cast<long long>(step), path->c_str(),
-               absl::ToDoubleMilliseconds(absl::Now() - start));
+  // Written while the next steps train; the norm reports name a step only
+  // once its file is complete, so retention and rollbacks see only those.
+  impl.writer->Post([&impl, shard = state_->shard_index(), num_shards = state_->job().num_shards, step, start,
+                     snapshot = *std::move(snapshot)] {
+    int64_t protected_step = -1;
+    {
+      absl::MutexLock lock(&impl.checkpoints_mu);
+      protected_step = impl.common_step;
+    }
+    absl::StatusOr<std::string> path = WriteCheckpoint(impl.checkpoint_dir, snapshot, impl.checkpoint_keep,
+                                                       protected_step);
+    if (!path.ok()) {
+      // Training goes on; the previous checkpoints stay.
+      std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", shard,
+                   static_cast<long long>(step), path.status().ToString().c_str());
+    } else {
+      {
+        absl::MutexLock lock(&impl.checkpoints_mu);
+        impl.held_steps = ListCheckpointSteps(impl.checkpoint_dir, shard, num_shards);
+      }
+      if (impl.metrics) {
+        impl.metrics->checkpoint_step.Set(static_cast<double>(step));
+        impl.metrics->checkpoint_write_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      std::fprintf(stderr, "pshard-server: shard %d: checkpoint of step %lld written to %s (%.0f ms)\n", shard,
+                   static_cast<long long>(step), path->c_str(), absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+    absl::MutexLock lock(&impl.writer_mu);
+    impl.writing = false;
+  });
 }
 
 absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
@@ -407,6 +437,7 @@ absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
   }
   const std::string path =
       (std::filesystem::path(impl.checkpoint_dir) / CheckpointFileName(shard, state_->job().num_shards, step)).string();
+  impl.WaitForWriter();  // the checkpoint of `step` may still be being written
   absl::StatusOr<Checkpoint> checkpoint = ReadCheckpoint(path);
   if (!checkpoint.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is at step ", from,
@@ -462,6 +493,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
   impl_->stop_announcing.Notify();
   if (impl_->announcer.joinable()) impl_->announcer.join();
   SaveCheckpoint();
+  impl_->WaitForWriter();
   if (impl_->service) impl_->service->StopWaiting();
   if (impl_->server) {  // absent when Start failed part-way
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));

@@ -434,9 +434,9 @@ std::string ShardState::LayoutDescription() const {
                       " alignment=", job_.slice_alignment);
 }
 
-absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep,
-                                                       int64_t protected_step) const {
-  CheckpointHeader header;
+absl::StatusOr<Checkpoint> ShardState::Snapshot() const {
+  Checkpoint snapshot;
+  CheckpointHeader& header = snapshot.header;
   header.layout = LayoutDescription();
   header.schedule_end = job_.optimizer.total_steps;
   header.shard_index = shard_index_;
@@ -447,18 +447,22 @@ absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, i
     header.applied_updates = applied_updates_;
     header.skipped_steps = skipped_steps_;
   }
-  // Readers only: fetches go on while the file is written.
-  std::vector<std::unique_ptr<absl::ReaderMutexLock>> locks;
-  std::vector<CheckpointUnitView> views;
+  // Readers only: fetches go on while the state is copied.
   for (const auto& unit : units_) {
-    locks.push_back(std::make_unique<absl::ReaderMutexLock>(&unit->mu));
+    absl::ReaderMutexLock lock(&unit->mu);
     if (unit->version != header.step) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", header.step, ": a unit is at version ",
                                                         unit->version, " (a step is being applied)"));
     }
-    views.push_back(CheckpointUnitView{*unit->master, unit->m, unit->v});
+    snapshot.units.push_back(CheckpointUnit{*unit->master, unit->m, unit->v});
   }
-  return WriteCheckpoint(dir, header, views, keep, protected_step);
+  return snapshot;
+}
+
+absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep,
+                                                       int64_t protected_step) const {
+  ASSIGN_OR_RETURN(const Checkpoint snapshot, Snapshot());
+  return WriteCheckpoint(dir, snapshot, keep, protected_step);
 }
 
 absl::Status ShardState::CheckCheckpoint(const Checkpoint& checkpoint) const {

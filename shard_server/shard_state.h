@@ -169,6 +169,9 @@ class ShardState {
   /// `dir`, keeping the newest `keep` checkpoints and `protected_step` (see
   /// WriteCheckpoint); returns the file's path.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& dir, int keep, int64_t protected_step = -1) const;
+  /// A copy of this shard's state at the current step, to write elsewhere
+  /// (WriteCheckpoint) while training goes on.
+  absl::StatusOr<Checkpoint> Snapshot() const;
   /// Replaces the state with a checkpoint's (same shard, shard count and
   /// layout, or an error that names what differs and changes nothing).
   absl::Status RestoreCheckpoint(Checkpoint checkpoint);

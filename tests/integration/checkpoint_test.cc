@@ -2,6 +2,7 @@
 // and restarted from its checkpoints ends bit-identical to one that never
 // stopped; restoring onto a different model, a missing step or shards at
 // different steps fails with an error that says so.
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -148,6 +149,31 @@ TEST(CheckpointFile, DamageIsDetected) {
   EXPECT_EQ(ReadCheckpoint(dir + "/missing.ckpt").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Found by fuzz/checkpoint_fuzzer (fuzz/corpus/checkpoint/crash_unit_length_overflow):
+// a 56-byte format-1 file (no layout, counts of noise, 67 units) whose first
+// unit declares 3836314062354473324 elements, twelve times which overflowed
+// int64 in the check against the file's size. With 2^62 + 1 elements the
+// product wrapped to 12, and the check let a 2^62-element allocation through.
+TEST(CheckpointFile, AnAbsurdUnitLengthIsTruncationNotOverflow) {
+  const std::string dir = FreshDir("absurd_length");
+  const std::string path = dir + "/fuzzed.ckpt";
+  constexpr char kFuzzed[] =
+      "PSHDCKP1\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x31\x43\x00\x00\x00\x6c\x61\x79\x65\x50\x53\x3d"
+      "\x35\x35\x00\x00\x00\x43\x3d\x8d\x00\x4b\x50\x31\x43\x00\x00\x00\x6c\x61\x79\x65\x50\x53\x3d\x35";
+  std::vector<char> fuzzed(kFuzzed, kFuzzed + sizeof(kFuzzed) - 1);
+  WriteBytes(path, fuzzed);
+  absl::StatusOr<Checkpoint> read = ReadCheckpoint(path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr("a unit declares 3836314062354473324 elements"));
+
+  const int64_t wraps = (int64_t{1} << 62) + 1;  // the unit's length is the file's last 8 bytes
+  std::memcpy(fuzzed.data() + fuzzed.size() - sizeof(wraps), &wraps, sizeof(wraps));
+  WriteBytes(path, fuzzed);
+  read = ReadCheckpoint(path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr("a unit declares 4611686018427387905 elements"));
+}
+
 constexpr int64_t kTotalSteps = 7;
 
 LocalCluster::Options WithCheckpoints(const std::string& dir, int64_t every, int64_t resume_step = -1) {
@@ -279,11 +305,12 @@ TEST(CheckpointResume, ARejoiningTrainerRollsTheShardsAheadBackAndTheJobEndsBitI
   ASSERT_EQ((*cluster)->server(0).state().current_step(), 3);
   ASSERT_EQ((*cluster)->server(1).state().current_step(), 2);
 
-  // A step without a checkpoint is refused, and nothing changes.
-  absl::StatusOr<int64_t> refused = (*cluster)->server(0).RollBack(1, 0);
+  // A step without a checkpoint (step 0, the seed's, is never written) is
+  // refused, and nothing changes.
+  absl::StatusOr<int64_t> refused = (*cluster)->server(0).RollBack(0, 0);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), HasSubstr("cannot go back to step 1"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("cannot go back to step 0"));
   EXPECT_EQ((*cluster)->server(0).state().current_step(), 3);
 
   ShardClient::Options options;
