@@ -20,6 +20,14 @@ enum AmId : uint16_t {
   kFetchReply = 2,    ///< server -> trainer: ReplyHeader, data = the encoded slice
   kPushRequest = 3,   ///< trainer -> server: PushHeader, data = the encoded slice
   kPushReply = 4,     ///< server -> trainer: ReplyHeader, no data
+  /// trainer -> server, first on a new endpoint: HelloHeader, data = the
+  /// trainer's worker address. The server answers this session over an
+  /// endpoint of its own to that address, whose failure it is told of.
+  kHello = 5,
+};
+
+struct HelloHeader {
+  uint64_t token = 0;  ///< JoinResponse.session_token
 };
 
 struct FetchHeader {
@@ -70,6 +78,7 @@ struct ReplyHeader {
   }
 };
 
+static_assert(std::is_trivially_copyable_v<HelloHeader>);
 static_assert(std::is_trivially_copyable_v<FetchHeader>);
 static_assert(std::is_trivially_copyable_v<PushHeader>);
 static_assert(std::is_trivially_copyable_v<ReplyHeader>);

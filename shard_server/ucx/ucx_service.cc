@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,15 @@ struct Reply {
   }
 };
 
+// Where a session's replies go: an endpoint the server made to the trainer's
+// worker (its hello), whose failure UCX reports, so that no reply is sent on
+// an endpoint UCX has torn down. Progress thread only.
+struct Peer {
+  ucp_ep_h ep = nullptr;
+  bool owned = false;   // made here (closed here); else a reply endpoint, valid in its callback only
+  bool failed = false;  // the connection failed: replies are dropped
+};
+
 absl::Status UnknownToken() {
   return absl::UnauthenticatedError(
       "unknown session token: join this shard over gRPC first (a UCX peer that did not join is refused)");
@@ -43,19 +53,27 @@ struct UcxService::Impl : std::enable_shared_from_this<Impl> {
                               const ucp_am_recv_param_t* param);
   static ucs_status_t OnPush(void* arg, const void* header, size_t header_length, void* data, size_t length,
                              const ucp_am_recv_param_t* param);
+  static ucs_status_t OnHello(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param);
+  static void OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // The session's endpoint, or (a peer that said no hello) the message's
+  // reply endpoint, usable only in its callback. Progress thread only.
+  std::shared_ptr<Peer> PeerFor(uint64_t token, const ucp_am_recv_param_t* param);
+  void ClosePeer(const std::shared_ptr<Peer>& peer);
+  std::map<uint64_t, std::shared_ptr<Peer>> peers;  // by session token; progress thread only
 
   // Progress thread only.
-  void Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank);
-  void Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status);
+  void Send(const std::shared_ptr<Peer>& peer, uint16_t id, std::shared_ptr<Reply> reply, int rank);
+  void Refuse(const std::shared_ptr<Peer>& peer, uint16_t id, uint64_t request_id, const absl::Status& status);
   // Any thread: takes the published slice and hands the reply to the worker.
-  void SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, const WireFormat& format, int rank,
+  void SendSlice(std::shared_ptr<Peer> peer, const ucx::FetchHeader& request, const WireFormat& format, int rank,
                  absl::Status status);
   absl::Status CheckPush(const ucx::PushHeader& h, size_t length, WireFormat* format) const;
   // An eager push's data (in UCX's buffer) is copied; a rendezvous one was
   // received into `values`.
-  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, const WireFormat& format, const void* data,
+  void CompletePush(std::shared_ptr<Peer> peer, const ucx::PushHeader& h, const WireFormat& format, const void* data,
                     size_t length);
-  void CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length);
+  void CompletePush(std::shared_ptr<Peer> peer, const ucx::PushHeader& h, ReductionValues values, size_t length);
   // A rendezvous push being received.
   struct PushReceive;
   static void PushReceived(void* request, ucs_status_t status, size_t length, void* user_data);
@@ -73,9 +91,10 @@ bool IsRendezvous(const ucp_am_recv_param_t* param) {
 
 }  // namespace
 
-void UcxService::Impl::Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> reply, int rank) {
+void UcxService::Impl::Send(const std::shared_ptr<Peer>& peer, uint16_t id, std::shared_ptr<Reply> reply, int rank) {
+  if (peer->failed || peer->ep == nullptr) return;  // the trainer is gone
   const size_t bytes = sizeof(reply->header) + reply->payload().size();
-  ucx::SendAm(ep, id, &reply->header, sizeof(reply->header), reply->payload().data(), reply->payload().size(),
+  ucx::SendAm(peer->ep, id, &reply->header, sizeof(reply->header), reply->payload().data(), reply->payload().size(),
               /*reply=*/true, [reply, bytes, rank, metrics = metrics, id](ucs_status_t s) {
                 if (s == UCS_OK && id == ucx::kFetchReply) {
                   metrics->bytes_out(rank, kTransport).Increment(static_cast<double>(bytes));
@@ -83,13 +102,13 @@ void UcxService::Impl::Send(ucp_ep_h ep, uint16_t id, std::shared_ptr<Reply> rep
               });
 }
 
-void UcxService::Impl::Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, const absl::Status& status) {
+void UcxService::Impl::Refuse(const std::shared_ptr<Peer>& peer, uint16_t id, uint64_t request_id, const absl::Status& status) {
   metrics->Reject(status);
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = request_id;
   reply->header.status_code = static_cast<int32_t>(status.code());
   reply->header.SetMessage(status.message());
-  Send(ep, id, std::move(reply), -1);
+  Send(peer, id, std::move(reply), -1);
 }
 
 // ---- fetch ----
@@ -97,23 +116,23 @@ void UcxService::Impl::Refuse(ucp_ep_h ep, uint16_t id, uint64_t request_id, con
 ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t header_length, void* data,
                                        size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Impl*>(arg);
-  const ucp_ep_h ep = ReplyEp(param);
   ucx::FetchHeader h;
-  if (ep == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
+  if (ReplyEp(param) == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
     self->metrics->Reject(absl::InvalidArgumentError("malformed UCX fetch"));
     return UCS_OK;  // nobody to answer
   }
+  const std::shared_ptr<Peer> peer = self->PeerFor(h.token, param);
   const std::optional<int> rank = self->tokens->Lookup(h.token);
   if (!rank) {
     self->metrics->refused_calls(RpcMethod::kFetch, AuthFailure::kUnknownSession).Increment();
-    self->Refuse(ep, ucx::kFetchReply, h.request_id, UnknownToken());
+    self->Refuse(peer, ucx::kFetchReply, h.request_id, UnknownToken());
     return UCS_OK;
   }
   absl::StatusOr<WireFormat> format = WeightFormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block);
   absl::Status status = format.status();
   if (status.ok()) status = self->state->CheckFetch(h.unit, h.version, *rank);
   if (!status.ok()) {
-    self->Refuse(ep, ucx::kFetchReply, h.request_id, status);
+    self->Refuse(peer, ucx::kFetchReply, h.request_id, status);
     return UCS_OK;
   }
   // Like the gRPC path: answer a moment before the trainer gives up, so that
@@ -124,14 +143,14 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
     wait = std::min(wait, client - std::min(absl::Milliseconds(500), client / 10));
   }
   std::weak_ptr<Impl> weak = self->weak_from_this();
-  auto waiter = std::make_shared<OneShotWaiter>([weak, ep, h, format = *format, rank = *rank](absl::Status s) {
-    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(ep, h, format, rank, std::move(s));
+  auto waiter = std::make_shared<OneShotWaiter>([weak, peer, h, format = *format, rank = *rank](absl::Status s) {
+    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(peer, h, format, rank, std::move(s));
   });
   self->state->WhenPublished(h.unit, h.version, absl::Now() + wait, waiter);
   return UCS_OK;
 }
 
-void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, const WireFormat& format, int rank,
+void UcxService::Impl::SendSlice(std::shared_ptr<Peer> peer, const ucx::FetchHeader& request, const WireFormat& format, int rank,
                                  absl::Status status) {
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = request.request_id;
@@ -152,7 +171,7 @@ void UcxService::Impl::SendSlice(ucp_ep_h ep, const ucx::FetchHeader& request, c
     reply->header.status_code = static_cast<int32_t>(status.code());
     reply->header.SetMessage(status.message());
   }
-  worker->Post([self = shared_from_this(), ep, reply, rank] { self->Send(ep, ucx::kFetchReply, reply, rank); });
+  worker->Post([self = shared_from_this(), peer, reply, rank] { self->Send(peer, ucx::kFetchReply, reply, rank); });
 }
 
 // ---- push ----
@@ -185,18 +204,18 @@ absl::Status UcxService::Impl::CheckPush(const ucx::PushHeader& h, size_t length
   return absl::OkStatus();
 }
 
-void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, const WireFormat& format,
+void UcxService::Impl::CompletePush(std::shared_ptr<Peer> peer, const ucx::PushHeader& h, const WireFormat& format,
                                     const void* data, size_t length) {
   ReductionValues values = ReductionValues::Allocate(format, h.slice_length);
   CopyBytes(values.mutable_bytes().data(), data, length);
-  CompletePush(ep, h, std::move(values), length);
+  CompletePush(peer, h, std::move(values), length);
 }
 
-void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, ReductionValues values, size_t length) {
+void UcxService::Impl::CompletePush(std::shared_ptr<Peer> peer, const ucx::PushHeader& h, ReductionValues values, size_t length) {
   metrics->bytes_in(h.trainer, kTransport).Increment(static_cast<double>(sizeof(h) + length));
   const ContributionId id{h.trainer, std::max(1, h.rank_count), h.micro_batch, h.step, h.unit};
   absl::StatusOr<PushDisposition> d = state->Contribute(id, std::move(values), h.non_finite != 0);
-  if (!d.ok()) return Refuse(ep, ucx::kPushReply, h.request_id, d.status());
+  if (!d.ok()) return Refuse(peer, ucx::kPushReply, h.request_id, d.status());
   auto reply = std::make_shared<Reply>();
   reply->header.request_id = h.request_id;
   switch (*d) {
@@ -214,13 +233,13 @@ void UcxService::Impl::CompletePush(ucp_ep_h ep, const ucx::PushHeader& h, Reduc
       metrics->non_finite_pushes.Increment();
       break;
   }
-  Send(ep, ucx::kPushReply, std::move(reply), h.trainer);
+  Send(peer, ucx::kPushReply, std::move(reply), h.trainer);
 }
 
 // A rendezvous push being received.
 struct UcxService::Impl::PushReceive {
   Impl* impl;
-  ucp_ep_h ep;
+  std::shared_ptr<Peer> peer;
   ucx::PushHeader header;
   ReductionValues values;  // received straight into, in its encoding
 };
@@ -228,10 +247,10 @@ struct UcxService::Impl::PushReceive {
 void UcxService::Impl::PushReceived(void* request, ucs_status_t status, size_t length, void* user_data) {
   std::unique_ptr<PushReceive> r(static_cast<PushReceive*>(user_data));
   if (status != UCS_OK) {
-    r->impl->Refuse(r->ep, ucx::kPushReply, r->header.request_id,
+    r->impl->Refuse(r->peer, ucx::kPushReply, r->header.request_id,
                     PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
   } else {
-    r->impl->CompletePush(r->ep, r->header, std::move(r->values), length);
+    r->impl->CompletePush(r->peer, r->header, std::move(r->values), length);
   }
   if (request != nullptr) ucp_request_free(request);
 }
@@ -239,22 +258,22 @@ void UcxService::Impl::PushReceived(void* request, ucs_status_t status, size_t l
 ucs_status_t UcxService::Impl::OnPush(void* arg, const void* header, size_t header_length, void* data,
                                       size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Impl*>(arg);
-  const ucp_ep_h ep = ReplyEp(param);
   ucx::PushHeader h;
-  if (ep == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
+  if (ReplyEp(param) == nullptr || !ucx::ReadHeader(header, header_length, &h)) {
     self->metrics->Reject(absl::InvalidArgumentError("malformed UCX push"));
     return UCS_OK;  // rendezvous data not asked for is dropped by UCX
   }
+  const std::shared_ptr<Peer> peer = self->PeerFor(h.token, param);
   WireFormat format;
   if (absl::Status s = self->CheckPush(h, length, &format); !s.ok()) {
-    self->Refuse(ep, ucx::kPushReply, h.request_id, s);
+    self->Refuse(peer, ucx::kPushReply, h.request_id, s);
     return UCS_OK;
   }
   if (!IsRendezvous(param)) {
-    self->CompletePush(ep, h, format, data, length);
+    self->CompletePush(peer, h, format, data, length);
     return UCS_OK;
   }
-  auto* r = new PushReceive{self, ep, h, ReductionValues::Allocate(format, h.slice_length)};
+  auto* r = new PushReceive{self, peer, h, ReductionValues::Allocate(format, h.slice_length)};
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.cb.recv_am = PushReceived;
@@ -269,6 +288,80 @@ ucs_status_t UcxService::Impl::OnPush(void* arg, const void* header, size_t head
   return UCS_OK;
 }
 
+// ---- sessions' endpoints ----
+
+std::shared_ptr<Peer> UcxService::Impl::PeerFor(uint64_t token, const ucp_am_recv_param_t* param) {
+  if (auto it = peers.find(token); it != peers.end()) return it->second;
+  auto peer = std::make_shared<Peer>();
+  peer->ep = ReplyEp(param);
+  return peer;
+}
+
+void UcxService::Impl::ClosePeer(const std::shared_ptr<Peer>& peer) {
+  if (!peer->owned || peer->ep == nullptr) return;
+  peer->owned = false;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);  // completes on its own
+  peer->ep = nullptr;
+  peer->failed = true;
+}
+
+void UcxService::Impl::OnPeerError(void* arg, ucp_ep_h ep, ucs_status_t) {
+  // The trainer died or its connection failed: what would go to it is
+  // dropped, and the endpoint is closed once UCX is out of this callback.
+  auto* impl = static_cast<Impl*>(arg);
+  for (auto it = impl->peers.begin(); it != impl->peers.end(); ++it) {
+    if (it->second->ep != ep) continue;
+    std::shared_ptr<Peer> peer = it->second;
+    peer->failed = true;
+    impl->peers.erase(it);
+    impl->worker->Post([impl, peer] { impl->ClosePeer(peer); });
+    return;
+  }
+}
+
+ucs_status_t UcxService::Impl::OnHello(void* arg, const void* header, size_t header_length, void* data,
+                                       size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Impl*>(arg);
+  ucx::HelloHeader h;
+  if (!ucx::ReadHeader(header, header_length, &h) || IsRendezvous(param) || length == 0 || length > 4096) {
+    self->metrics->Reject(absl::InvalidArgumentError("malformed UCX hello"));
+    return UCS_OK;
+  }
+  // Only a session handed out at Join gets an endpoint; sessions that were
+  // replaced since (a few per rank are kept) lose theirs.
+  if (!self->tokens->Lookup(h.token)) {
+    self->metrics->refused_calls(RpcMethod::kFetch, AuthFailure::kUnknownSession).Increment();
+    return UCS_OK;
+  }
+  for (auto it = self->peers.begin(); it != self->peers.end();) {
+    if (it->first == h.token || !self->tokens->Lookup(it->first)) {
+      self->ClosePeer(it->second);
+      it = self->peers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  auto peer = std::make_shared<Peer>();
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.address = static_cast<const ucp_address_t*>(data);
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep_params.err_handler.cb = &Impl::OnPeerError;
+  ep_params.err_handler.arg = self;
+  if (ucp_ep_create(self->worker->worker(), &ep_params, &peer->ep) != UCS_OK) {
+    self->metrics->Reject(absl::UnavailableError("UCX hello: cannot reach the trainer's worker"));
+    return UCS_OK;
+  }
+  peer->owned = true;
+  self->peers[h.token] = std::move(peer);
+  return UCS_OK;
+}
+
 // ---- the handle ----
 
 absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state, const SessionTokens* tokens,
@@ -279,12 +372,17 @@ absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state,
   impl->metrics = metrics;
   impl->options = options;
   ASSIGN_OR_RETURN(impl->worker, ucx::UcxWorker::Create({{ucx::kFetchRequest, &Impl::OnFetch, impl.get()},
-                                                         {ucx::kPushRequest, &Impl::OnPush, impl.get()}}));
+                                                         {ucx::kPushRequest, &Impl::OnPush, impl.get()},
+                                                         {ucx::kHello, &Impl::OnHello, impl.get()}}));
   return std::unique_ptr<UcxService>(new UcxService(std::move(impl)));
 }
 
 UcxService::~UcxService() {
-  if (impl_) impl_->worker->Stop();
+  if (!impl_) return;
+  impl_->worker->Stop([impl = impl_.get()] {
+    for (auto& [token, peer] : impl->peers) impl->ClosePeer(peer);
+    impl->peers.clear();
+  });
 }
 
 const std::string& UcxService::address() const { return impl_->worker->address(); }

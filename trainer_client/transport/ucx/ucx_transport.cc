@@ -258,6 +258,15 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Spec spec) {
     params.err_handler.cb = &UcxTransport::OnEndpointError;
     params.err_handler.arg = raw;
     status = ucp_ep_create(raw->spec_.context->worker_->worker(), &params, &raw->ep_);
+    if (status == UCS_OK) {
+      // First on the endpoint: where the server answers this session, over
+      // an endpoint of its own whose failure it is told of.
+      auto hello = std::make_shared<ucx::HelloHeader>();
+      hello->token = raw->spec_.session_token;
+      const std::string& address = raw->spec_.context->worker_->address();
+      ucx::SendAm(raw->ep_, ucx::kHello, hello.get(), sizeof(*hello), address.data(), address.size(),
+                  /*reply=*/false, [hello](ucs_status_t) {});
+    }
     created.Notify();
   });
   if (!posted) return absl::CancelledError("the trainer's UCX context is shutting down");
