@@ -22,6 +22,7 @@ constexpr int kDefaultMetricsPort = 9400;
 constexpr int kDefaultUser = 10001;
 constexpr char kDefaultConfigDir[] = "/etc/pshard";
 constexpr char kDefaultCheckpointDir[] = "/var/lib/pshard/checkpoints";
+constexpr int64_t kMaxServers = 4096;
 
 std::optional<std::string> Get(const Environment& env, const std::string& name) {
   auto it = env.find(name);
@@ -109,7 +110,12 @@ absl::StatusOr<std::vector<std::string>> ServerList(const Environment& env) {
   if (count_text) {
     absl::StatusOr<int64_t> n = NonNegative("PSHARD_NUM_SERVERS", *count_text);
     if (!n.ok()) return n.status();
-    if (*n < 1) return absl::InvalidArgumentError("PSHARD_NUM_SERVERS must be at least 1");
+    // A template expands to this many addresses, which become one flag of a
+    // command line: a typo must not make millions of them.
+    if (*n < 1 || *n > kMaxServers) {
+      return absl::InvalidArgumentError(absl::StrCat("PSHARD_NUM_SERVERS=", *n, ": must be at least 1 and at most ",
+                                                     kMaxServers));
+    }
     count = *n;
   }
   if (list && pattern) {

@@ -5,7 +5,8 @@
 // usual variables are all understood:
 //   role       first argument `server` | `trainer`, or PSHARD_ROLE
 //   servers    PSHARD_SERVERS=host:port,...  or  PSHARD_SERVER_TEMPLATE with
-//              `{i}` and PSHARD_NUM_SERVERS (checked against each other)
+//              `{i}` and PSHARD_NUM_SERVERS (1 to 4096; checked against
+//              each other)
 //   trainers   PSHARD_NUM_TRAINERS or WORLD_SIZE (must agree if both)
 //   shard      PSHARD_SHARD_INDEX, else a StatefulSet ordinal (`name-3`)
 //   rank       PSHARD_RANK, RANK, JOB_COMPLETION_INDEX (all that are set

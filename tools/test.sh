@@ -6,6 +6,9 @@
 #   tools/test.sh -L unit        only the unit tests
 #   tools/test.sh -LE slow       everything but the slow ones
 # PSHARD_TEST_CUDA=0 skips the CUDA configuration; =1 requires it.
+# A run without arguments then builds the fuzzers (./build-fuzz, clang with
+# ASan + UBSan) and runs each for 30 s over its seeds, two at a time
+# (ctest -L fuzz); PSHARD_TEST_FUZZ=0 skips that, =1 runs it with arguments too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -30,5 +33,15 @@ elif [[ ${PSHARD_TEST_CUDA:-auto} == 1 ]]; then
   exit 1
 else
   echo "pshard test: no CUDA toolkit ($nvcc not found): the CUDA + NCCL configuration is not built or tested"
+fi
+fuzz=${PSHARD_TEST_FUZZ:-auto}
+if [[ $fuzz == 0 || ($fuzz == auto && $# -gt 0) ]]; then
+  echo "pshard test: the fuzz smoke is not run (PSHARD_TEST_FUZZ=1 runs it)"
+else
+  started=$SECONDS
+  echo "pshard test: building the fuzzers in build-fuzz (clang-14, ASan + UBSan)"
+  PSHARD_FUZZ=1 PSHARD_BUILD_DIR=build-fuzz PSHARD_CMAKE_ARGS= tools/setup.sh
+  (cd build-fuzz && ctest --output-on-failure -L fuzz -j 2) || status=$?
+  echo "pshard test: the fuzz smoke took $((SECONDS - started)) s"
 fi
 exit "$status"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -33,7 +34,9 @@ absl::StatusOr<std::vector<int>> Ranks(const JsonValue& v, const std::string& wh
   if (!v.is_array()) return Invalid(absl::StrCat(what, " must be an array of trainer ranks"));
   std::vector<int> out;
   for (const JsonValue& r : v.as_array()) {
-    if (!r.is_number() || r.as_number() < 0 || r.as_number() != static_cast<int>(r.as_number())) {
+    // In range before the cast: converting 1e99 to int is undefined.
+    if (!r.is_number() || !(r.as_number() >= 0 && r.as_number() <= std::numeric_limits<int>::max()) ||
+        r.as_number() != static_cast<int>(r.as_number())) {
       return Invalid(absl::StrCat(what, " holds something that is not a trainer rank"));
     }
     out.push_back(static_cast<int>(r.as_number()));

@@ -104,6 +104,11 @@ TEST(EntrypointServer, ServerListErrors) {
   EXPECT_THAT(Error({"server"}, env({{"PSHARD_SERVER_TEMPLATE", "s-{i}:1"}})), HasSubstr("needs PSHARD_NUM_SERVERS"));
   EXPECT_THAT(Error({"server"}, env({{"PSHARD_SERVER_TEMPLATE", "s-{i}:1"}, {"PSHARD_NUM_SERVERS", "0"}})),
               HasSubstr("at least 1"));
+  // Found with fuzz/entrypoint_fuzzer (fuzz/corpus/entrypoint/timeout_millions_of_servers):
+  // a template of three million servers took 23 s to expand under ASan (a hang to libFuzzer).
+  EXPECT_THAT(Error({"server"}, env({{"PSHARD_SERVER_TEMPLATE", "a{i}:1"}, {"PSHARD_NUM_SERVERS", "3000000"},
+                                     {"PSHARD_SHARD_INDEX", "0"}})),
+              HasSubstr("PSHARD_NUM_SERVERS=3000000: must be at least 1 and at most 4096"));
   EXPECT_THAT(Error({"server"}, env({{"PSHARD_SERVER_TEMPLATE", "s-{i}:1"}, {"PSHARD_NUM_SERVERS", "two"}})),
               HasSubstr("PSHARD_NUM_SERVERS=\"two\" is not a non-negative integer"));
 }

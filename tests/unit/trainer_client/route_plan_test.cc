@@ -97,5 +97,19 @@ TEST(RoutePlanTest, BadTopologiesAreRefusedWithAReason) {
   EXPECT_FALSE(Topology::Load("/nonexistent/topology.json").ok());
 }
 
+// Found by fuzz/topology_fuzzer (fuzz/corpus/topology/crash_rank_beyond_int):
+// a rank too large for an int was converted to one (undefined) before it
+// was compared.
+TEST(RoutePlanTest, RanksBeyondAnIntAreRefused) {
+  for (const char* json : {R"({"nodes":[{"name":"","trainers":[1e99]}]})",
+                           R"({"nodes":[{"name":"a","trainers":[2147483648]}]})",
+                           R"({"nodes":[{"name":"a"}],"fabric_groups":[[1e999]]})"}) {
+    auto t = Topology::Parse(json);
+    ASSERT_FALSE(t.ok()) << json;
+    EXPECT_NE(t.status().message().find("not a trainer rank"), std::string::npos) << t.status();
+  }
+  EXPECT_TRUE(Topology::Parse(R"({"nodes":[{"name":"a","trainers":[2147483647]}]})").ok());
+}
+
 }  // namespace
 }  // namespace pshard
