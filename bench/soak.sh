@@ -63,7 +63,8 @@ while kill -0 "$launcher" 2> /dev/null; do
   fi
   # No kills in the last steps: a server killed while the job shuts down
   # loses its final checkpoint, and the comparison would fail for it.
-  logged=$(cat "$out/soak/trainer0.steps.jsonl" 2> /dev/null | wc -l)
+  logged=0
+  [[ -f $out/soak/trainer0.steps.jsonl ]] && logged=$(wc -l < "$out/soak/trainer0.steps.jsonl")
   if ((SECONDS >= next_kill && logged + 40 < steps)); then
     if ((kill_servers && RANDOM % 3 == 0)); then
       victim=$(pgrep -f "pshard-server --shard_index=$((RANDOM % 8)) .*$out/soak/" | head -1 || true)
