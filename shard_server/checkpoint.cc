@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <tuple>
 
@@ -265,21 +266,26 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
     ::fsync(fd);
     ::close(fd);
   }
-  std::vector<int64_t> steps = ListCheckpointSteps(dir, header.shard_index, header.num_shards);
-  const int surplus = static_cast<int>(steps.size()) - std::max(keep, 1);
-  for (int i = 0; i < surplus; ++i) {
-    if (steps[i] == header.step || steps[i] == protected_step) continue;
-    std::filesystem::remove(
-        std::filesystem::path(dir) / CheckpointFileName(header.shard_index, header.num_shards, steps[i]), ec);
-  }
+  PruneCheckpoints(dir, header.shard_index, header.num_shards, keep, protected_step, header.step);
   return path;
 }
 
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int keep,
-                                            int64_t protected_step) {
+void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep, int64_t protected_step,
+                      int64_t written_step) {
+  std::error_code ec;
+  std::vector<int64_t> steps = ListCheckpointSteps(dir, shard, num_shards);
+  const int surplus = static_cast<int>(steps.size()) - std::max(keep, 1);
+  for (int i = 0; i < surplus; ++i) {
+    if (steps[i] == protected_step || steps[i] == written_step) continue;
+    std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(shard, num_shards, steps[i]), ec);
+  }
+}
+
+absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir, const Checkpoint& checkpoint) {
   std::vector<CheckpointUnitView> views;
   for (const CheckpointUnit& unit : checkpoint.units) views.push_back(CheckpointUnitView{unit.master, unit.m, unit.v});
-  return WriteCheckpoint(dir, checkpoint.header, views, keep, protected_step);
+  // No file is older than none: nothing is pruned.
+  return WriteCheckpoint(dir, checkpoint.header, views, std::numeric_limits<int>::max());
 }
 
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path) {

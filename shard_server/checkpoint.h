@@ -61,9 +61,14 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
                                             std::span<const CheckpointUnitView> units, int keep,
                                             int64_t protected_step = -1);
 
-/// The same, from a checkpoint held in memory (ShardState::Snapshot).
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkpoint& checkpoint, int keep,
-                                            int64_t protected_step = -1);
+/// Writes a checkpoint held in memory (ShardState::Snapshot) into `dir` as
+/// WriteCheckpoint does, but removes nothing.
+absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir, const Checkpoint& checkpoint);
+
+/// Removes shard `shard`'s checkpoints in `dir` beyond the newest `keep`,
+/// except those of `protected_step` and `written_step` (-1: none).
+void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep, int64_t protected_step,
+                      int64_t written_step = -1);
 
 /// Reads and verifies one checkpoint file.
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);

@@ -67,6 +67,13 @@ struct ShardServer::Impl {
   // Checkpoints are written on their own thread (`writer`), one at a time.
   absl::Mutex writer_mu;
   bool writing ABSL_GUARDED_BY(writer_mu) = false;
+  // Removes the files retention lets go and lists what is left. Between
+  // steps, with no write in flight.
+  void Prune(int shard, int num_shards) {
+    absl::MutexLock lock(&checkpoints_mu);
+    PruneCheckpoints(checkpoint_dir, shard, num_shards, checkpoint_keep, common_step);
+    held_steps = ListCheckpointSteps(checkpoint_dir, shard, num_shards);
+  }
   void WaitForWriter() {
     absl::MutexLock lock(&writer_mu);
     writer_mu.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &writing));
@@ -372,6 +379,7 @@ void ShardServer::SaveCheckpoint() {
   // One write at a time: the state is copied once more at most, and a disk
   // slower than the steps holds the steps back rather than piling copies up.
   impl.WaitForWriter();
+  impl.Prune(state_->shard_index(), state_->job().num_shards);
   const absl::Time start = absl::Now();
   absl::StatusOr<Checkpoint> snapshot = state_->Snapshot();
   if (!snapshot.ok()) {
@@ -385,16 +393,12 @@ void ShardServer::SaveCheckpoint() {
     impl.writing = true;
   }
   // Written while the next steps train; the norm reports name a step only
-  // once its file is complete, so retention and rollbacks see only those.
-  impl.writer->Post([&impl, shard = state_->shard_index(), num_shards = state_->job().num_shards, step, start,
-                     snapshot = *std::move(snapshot)] {
-    int64_t protected_step = -1;
-    {
-      absl::MutexLock lock(&impl.checkpoints_mu);
-      protected_step = impl.common_step;
-    }
-    absl::StatusOr<std::string> path = WriteCheckpoint(impl.checkpoint_dir, snapshot, impl.checkpoint_keep,
-                                                       protected_step);
+  // once its file is complete. Old files are removed on this thread only
+  // (Prune), between steps: a step this shard reported holding is removed
+  // only after the agreement that reported it, so that the common step the
+  // shards learn from it is always still there.
+  impl.writer->Post([&impl, shard = state_->shard_index(), step, start, snapshot = *std::move(snapshot)] {
+    absl::StatusOr<std::string> path = WriteCheckpointFile(impl.checkpoint_dir, snapshot);
     if (!path.ok()) {
       // Training goes on; the previous checkpoints stay.
       std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", shard,
@@ -402,7 +406,8 @@ void ShardServer::SaveCheckpoint() {
     } else {
       {
         absl::MutexLock lock(&impl.checkpoints_mu);
-        impl.held_steps = ListCheckpointSteps(impl.checkpoint_dir, shard, num_shards);
+        impl.held_steps.insert(std::upper_bound(impl.held_steps.begin(), impl.held_steps.end(), step), step);
+        impl.held_steps.erase(std::unique(impl.held_steps.begin(), impl.held_steps.end()), impl.held_steps.end());
       }
       if (impl.metrics) {
         impl.metrics->checkpoint_step.Set(static_cast<double>(step));
@@ -494,6 +499,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
   if (impl_->announcer.joinable()) impl_->announcer.join();
   SaveCheckpoint();
   impl_->WaitForWriter();
+  if (!impl_->checkpoint_dir.empty()) impl_->Prune(state_->shard_index(), state_->job().num_shards);
   if (impl_->service) impl_->service->StopWaiting();
   if (impl_->server) {  // absent when Start failed part-way
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));

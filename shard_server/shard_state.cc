@@ -462,7 +462,9 @@ absl::StatusOr<Checkpoint> ShardState::Snapshot() const {
 absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, int keep,
                                                        int64_t protected_step) const {
   ASSIGN_OR_RETURN(const Checkpoint snapshot, Snapshot());
-  return WriteCheckpoint(dir, snapshot, keep, protected_step);
+  ASSIGN_OR_RETURN(std::string path, WriteCheckpointFile(dir, snapshot));
+  PruneCheckpoints(dir, shard_index_, job_.num_shards, keep, protected_step, snapshot.header.step);
+  return path;
 }
 
 absl::Status ShardState::CheckCheckpoint(const Checkpoint& checkpoint) const {
