@@ -15,6 +15,8 @@
 #   compose.gpu.yaml        override: GPU trainers (device reservations, NCCL)
 #   compose.slow-link.yaml  override: every service's link shaped with tbf,
 #                           trainers add in-process latency
+#   compose.tls.yaml        override: mutual TLS, each role's certificates
+#                           mounted from a folder of tools/make-certs.sh
 #   prometheus.yml          scrapes every server and trainer
 # The files shipped here are this script's output for 3 servers, 2 trainers.
 set -euo pipefail
@@ -287,6 +289,47 @@ EOF
   done
 } > "$out/compose.slow-link.yaml"
 
+# The names trainers and servers dial, for the servers' certificate.
+cert_hosts=localhost,127.0.0.1
+for ((i = 0; i < servers; i++)); do
+  h=$(server_address "$i"); h=${h%:*}
+  [[ ",$cert_hosts," == *",$h,"* ]] || cert_hosts+=",$h"
+done
+{
+  echo "$header"
+  cat <<EOF
+# Mutual TLS between every pshard process (docs/security.md). Each role
+# mounts its folder of tools/make-certs.sh whole, read-only, so that
+# certificates rotated in place (make-certs.sh --ca=...) are picked up;
+# /metrics stays plaintext HTTP. Make the folders, owned by the image's
+# pshard user, from the repository root:
+#   tools/make-certs.sh deploy/compose/certs --hosts=$cert_hosts --owner=10001
+#   PSHARD_CERTS=./certs docker compose -f compose.yaml -f compose.tls.yaml up -d
+# The health check then speaks TLS (server name localhost). PSHARD_CERTS is
+# relative to this folder.
+
+services:
+EOF
+  for ((i = 0; i < servers; i++)); do
+    cat <<EOF
+  server-$i:
+    environment:
+      PSHARD_TLS_DIR: /etc/pshard-tls
+    volumes:
+      - \${PSHARD_CERTS:-./certs}/server:/etc/pshard-tls:ro
+EOF
+  done
+  for ((r = 0; r < trainers; r++)); do
+    cat <<EOF
+  trainer-$r:
+    environment:
+      PSHARD_TLS_DIR: /etc/pshard-tls
+    volumes:
+      - \${PSHARD_CERTS:-./certs}/trainer:/etc/pshard-tls:ro
+EOF
+  done
+} > "$out/compose.tls.yaml"
+
 targets() {
   local fn=$1 n=$2 sep="" k
   for ((k = 0; k < n; k++)); do printf "%s'%s'" "$sep" "$($fn "$k")"; sep=", "; done
@@ -310,7 +353,7 @@ scrape_configs:
 EOF
 } > "$out/prometheus.yml"
 
-echo "generate.sh: wrote compose.yaml, compose.gpu.yaml, compose.slow-link.yaml, prometheus.yml to $out ($servers servers, $trainers trainers)" >&2
+echo "generate.sh: wrote compose.yaml, compose.gpu.yaml, compose.slow-link.yaml, compose.tls.yaml, prometheus.yml to $out ($servers servers, $trainers trainers)" >&2
 if ((multihost)); then
   declare -A on_host
   for ((i = 0; i < servers; i++)); do on_host[${shost[$i]}]+=" server-$i"; done

@@ -4,8 +4,8 @@
   compose_test.py config   the shipped files are the generator's output, and
                            every file and variant passes `docker-compose config`
   compose_test.py e2e      builds the CPU image, brings the stack up with
-                           podman-compose (3 servers, 2 trainers, Prometheus),
-                           waits for health, lets training run and checks the
+                           podman-compose (3 servers, 2 trainers, Prometheus)
+                           with mutual TLS (compose.tls.yaml), waits for health, lets training run and checks the
                            loss, that Prometheus scraped every process, that a
                            restart resumes from the checkpoints on the volumes
                            and that the stack tears down cleanly; then the
@@ -88,13 +88,14 @@ def compose_services(path):
 # ---------------------------------------------------------------- config ----
 
 VARIANTS = [["compose.yaml"], ["compose.yaml", "compose.gpu.yaml"], ["compose.yaml", "compose.slow-link.yaml"],
-            ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml"]]
+            ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml"], ["compose.yaml", "compose.tls.yaml"],
+            ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml", "compose.tls.yaml"]]
 
 
 def test_config():
     # The shipped files are exactly what the generator writes for 3 and 2
     # (generated in place, then put back as they were).
-    generated = ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml", "prometheus.yml"]
+    generated = ["compose.yaml", "compose.gpu.yaml", "compose.slow-link.yaml", "compose.tls.yaml", "prometheus.yml"]
     shipped = {}
     for name in generated:
         with open(os.path.join(COMPOSE_DIR, name)) as f:
@@ -124,6 +125,10 @@ def test_config():
         check("PSHARD_SERVERS: 10.0.0.1:7070,10.0.0.2:7071,10.0.0.1:7072" in rendered,
               "several hosts: the server list is not the hosts' addresses")
         check(rendered.count("network_mode: host") == 7, "several hosts: not every service uses host networking")
+        with open(os.path.join(out, "compose.tls.yaml")) as f:
+            text = f.read()
+        check("--hosts=localhost,127.0.0.1,10.0.0.1,10.0.0.2 " in text,
+              f"several hosts: compose.tls.yaml's make-certs line does not name each server host once:\n{text[:900]}")
         with open(os.path.join(out, "prometheus.yml")) as f:
             text = f.read()
         check("'10.0.0.1:9402'" in text and "'10.0.0.4:9501'" in text, f"several hosts: prometheus.yml\n{text}")
@@ -167,7 +172,28 @@ def validate_variants(folder, expect_servers, expect_trainers):
         if "compose.slow-link.yaml" in files:
             check(rendered.count("NET_ADMIN") == expect_servers + expect_trainers, f"{files}: NET_ADMIN missing")
             check("PSHARD_LINK_DELAY" in rendered, f"{files}: no in-process latency")
+        if "compose.tls.yaml" in files:
+            check_tls_rendering(rendered, files, expect_servers, expect_trainers)
         log(f"docker-compose config: {' + '.join(files)} in {os.path.relpath(folder, ROOT)}: ok")
+
+
+def check_tls_rendering(rendered, files, expect_servers, expect_trainers):
+    """Every pshard service has PSHARD_TLS_DIR and its role's folder mounted
+    whole and read-only there, next to (not instead of) its other volumes."""
+    import yaml  # python3-yaml, a dependency of docker-compose
+    services = yaml.safe_load(rendered)["services"]
+    pshard = {n: s for n, s in services.items() if n.startswith(("server-", "trainer-"))}
+    check(len(pshard) == expect_servers + expect_trainers, f"{files}: services {sorted(pshard)}")
+    for name, service in pshard.items():
+        role = name.split("-")[0]
+        check(service.get("environment", {}).get("PSHARD_TLS_DIR") == "/etc/pshard-tls",
+              f"{files}: {name} has no PSHARD_TLS_DIR=/etc/pshard-tls")
+        volumes = [str(v) for v in service.get("volumes", [])]
+        check(any(v.endswith(f"/{role}:/etc/pshard-tls:ro") for v in volumes),
+              f"{files}: {name} does not mount the {role} folder read-only at /etc/pshard-tls: {volumes}")
+        check(any(v.endswith(":/etc/pshard:ro") for v in volumes), f"{files}: {name} lost its config mount: {volumes}")
+    for name in set(services) - set(pshard):
+        check("PSHARD_TLS_DIR" not in str(services[name]), f"{files}: {name} is not pshard's but got TLS")
 
 
 # ------------------------------------------------------------------- e2e ----
@@ -506,13 +532,22 @@ def test_e2e():
     check(len(servers) == 3 and len(trainers) == 2, f"compose.yaml services: {services}")
 
     with tempfile.TemporaryDirectory() as scratch:
-        # ---- the plain stack ----
+        # ---- the unshaped stack, with mutual TLS (compose.tls.yaml) ----
+        # Certificates as the file's header says, owned by the image's user.
+        certs = os.path.join(scratch, "certs")
+        run([os.path.join(ROOT, "tools/make-certs.sh"), certs,
+             "--hosts=localhost,127.0.0.1," + ",".join(servers), "--owner=10001"])
         port = free_port()
         env_run = dict(env, PSHARD_IMAGE=IMAGE, PROMETHEUS_IMAGE=PROMETHEUS_IMAGE,
-                       PSHARD_PROMETHEUS_PORT=str(port))
-        stack = Stack(f"pshard-e2e-{os.getpid()}", ["compose.yaml", steps_override(scratch, STEPS)], env_run)
+                       PSHARD_PROMETHEUS_PORT=str(port), PSHARD_CERTS=certs)
+        stack = Stack(f"pshard-e2e-{os.getpid()}",
+                      ["compose.yaml", "compose.tls.yaml", steps_override(scratch, STEPS)], env_run)
         try:
             logs = run_training(stack, port, servers, trainers, 600)
+            for s in servers:
+                text = stack.logs(s)
+                check("TLS, client certificates required" in text, f"{s} did not serve mutual TLS:\n{text[:2000]}")
+            log(f"{', '.join(servers)} served mutual TLS (certificates from make-certs.sh --owner=10001)")
             check_losses(logs, falls_below_unigram=True)
             check_scraped(port, [f"{s}:9400" for s in servers], [f"{t}:9400" for t in trainers])
             plain_exposed, plain_push = exposed_comm_per_step(port, [f"{t}:9400" for t in trainers])

@@ -31,6 +31,7 @@ const kTrainerName = "pshard-trainer";
 const kUid = 10001;
 const kStateDir = "/var/lib/pshard";
 const kDefaultConfigDir = "/etc/pshard";
+const kTlsHealthCommand = ["/usr/local/bin/pshard-entrypoint", "health"];
 // Where each role's flags are defined, and the flags the entrypoint derives
 // from the environment (a flagfile setting them would be overridden).
 const kRoleFlags = {
@@ -54,6 +55,9 @@ function ModelModule(api_version) {
   if (!/^([a-z0-9.-]+\/)?v[0-9a-z]+$/.test(api_version)) return null;
   if (api_version.startsWith("monitoring.coreos.com/")) {
     return `@kubernetes-models/prometheus-operator/${api_version}`;
+  }
+  if (api_version.startsWith("cert-manager.io/")) {
+    return `@kubernetes-models/cert-manager/${api_version}`;
   }
   return `kubernetes-models/${api_version}`;
 }
@@ -283,8 +287,14 @@ function CheckServers(docs, errors) {
   if (env.has("PSHARD_PORT") && env.get("PSHARD_PORT") !== String(grpc_port)) {
     errors.push(`${role.where}: PSHARD_PORT=${env.get("PSHARD_PORT")} but port grpc is ${grpc_port}`);
   }
+  // Kubernetes' gRPC probes speak plaintext: a TLS server is probed by the
+  // image's own health check, which speaks TLS.
   for (const probe of ["readinessProbe", "livenessProbe"]) {
-    if (container[probe]?.grpc?.port !== grpc_port) {
+    if (env.get("PSHARD_TLS_DIR")) {
+      if (!isDeepStrictEqual(container[probe]?.exec?.command, kTlsHealthCommand)) {
+        errors.push(`${role.where}: ${probe} of a TLS server must run ${JSON.stringify(kTlsHealthCommand)}`);
+      }
+    } else if (container[probe]?.grpc?.port !== grpc_port) {
       errors.push(`${role.where}: ${probe} must be a gRPC probe on port ${grpc_port}`);
     }
   }
@@ -545,9 +555,116 @@ function CheckSlowLink(ctx, errors, present) {
   }
 }
 
+// The Secret volume mounted whole at a role's PSHARD_TLS_DIR, or null with
+// the reason in `errors`.
+function TlsSecret(role, errors) {
+  const owner = role.sts ?? role.job;
+  const dir = role.env.get("PSHARD_TLS_DIR");
+  if (!dir) {
+    errors.push(`${role.where}: PSHARD_TLS_DIR not set`);
+    return null;
+  }
+  const mount = (role.container.volumeMounts ?? []).find((m) => m.mountPath === dir);
+  const volume = mount && (owner.spec.template.spec.volumes ?? []).find((v) => v.name === mount.name);
+  if (!volume?.secret?.secretName) {
+    errors.push(`${role.where}: no Secret volume mounted at PSHARD_TLS_DIR=${dir}`);
+    return null;
+  }
+  // A subPath (or items) mount is never updated: rotation would not reach it.
+  if (mount.subPath !== undefined || mount.subPathExpr !== undefined || volume.secret.items !== undefined) {
+    errors.push(`${role.where}: Secret ${volume.secret.secretName} must be mounted whole (no subPath, no items)`);
+  }
+  if (mount.readOnly !== true) errors.push(`${role.where}: the TLS mount must be readOnly`);
+  if (volume.secret.defaultMode !== 0o440) {
+    errors.push(`${role.where}: Secret ${volume.secret.secretName} needs defaultMode 0440 (got ` +
+                `${volume.secret.defaultMode === undefined ? "none" : "0" + volume.secret.defaultMode.toString(8)})`);
+  }
+  return volume.secret.secretName;
+}
+
+function CheckTls(ctx, errors, present) {
+  const { servers, trainers } = ctx;
+  if (!trainers || !servers) return;
+  if (!present) {
+    for (const role of [servers, trainers]) {
+      if (role.env.has("PSHARD_TLS_DIR")) errors.push(`${role.where}: PSHARD_TLS_DIR set without the tls component`);
+    }
+    return;
+  }
+  const server_secret = TlsSecret(servers, errors);
+  const trainer_secret = TlsSecret(trainers, errors);
+  if (server_secret && server_secret === trainer_secret) {
+    errors.push(`servers and trainers mount the same Secret ${server_secret}: each role needs its own certificate`);
+  }
+  ctx.tls_secrets = { server: server_secret, trainer: trainer_secret };
+}
+
+// True when a certificate name (possibly *.x) covers `host`.
+function NameCovers(pattern, host) {
+  if (pattern.startsWith("*.")) {
+    const rest = host.split(".").slice(1).join(".");
+    return host.includes(".") && rest === pattern.slice(2);
+  }
+  return pattern === host;
+}
+
+function CheckCertManager(ctx, errors, present) {
+  const { docs, servers } = ctx;
+  const ours = docs.filter((d) => String(d.apiVersion ?? "").startsWith("cert-manager.io/"));
+  if (!present) {
+    for (const d of ours) errors.push(`${d.kind} ${d.metadata?.name}: cert-manager objects without the component`);
+    return;
+  }
+  if (!ctx.tls_secrets) {
+    errors.push("the cert-manager component issues the tls component's Secrets: include both");
+    return;
+  }
+  const certificates = ours.filter((d) => d.kind === "Certificate");
+  const issuer_of = new Map();
+  for (const [role, secret] of Object.entries(ctx.tls_secrets)) {
+    if (!secret) continue;
+    const cert = certificates.find((c) => c.spec?.secretName === secret);
+    if (!cert) {
+      errors.push(`no Certificate writes the ${role}s' Secret ${secret}`);
+      continue;
+    }
+    const where = `Certificate ${cert.metadata.name}`;
+    if (!isDeepStrictEqual(cert.spec.subject?.organizationalUnits, [role])) {
+      errors.push(`${where}: subject.organizationalUnits must be exactly [${role}] (the role), got ` +
+                  `${JSON.stringify(cert.spec.subject?.organizationalUnits)}`);
+    }
+    const usages = cert.spec.usages ?? [];
+    if (!usages.includes("client auth")) errors.push(`${where}: usages must include client auth`);
+    if (role === "server") {
+      if (!usages.includes("server auth")) errors.push(`${where}: usages must include server auth`);
+      const names = cert.spec.dnsNames ?? [];
+      const hosts = ["localhost", ...(ServerAddresses(servers.env) ?? []).map((a) => a.replace(/:[0-9]+$/, ""))];
+      for (const host of hosts) {
+        if (!names.some((n) => NameCovers(n, host))) errors.push(`${where}: dnsNames do not cover ${host}`);
+      }
+    }
+    if (cert.spec.isCA) errors.push(`${where}: a role's certificate must not be a CA`);
+    const ref = cert.spec.issuerRef ?? {};
+    const issuer = Find(docs, ref.kind ?? "Issuer", ref.name);
+    if (!issuer) errors.push(`${where}: issuerRef ${ref.kind ?? "Issuer"} ${ref.name} is not rendered`);
+    issuer_of.set(role, `${ref.kind ?? "Issuer"}/${ref.name}`);
+    // The issuer must be a CA whose key is itself a rendered CA certificate.
+    const ca_secret = issuer?.spec?.ca?.secretName;
+    if (issuer && !ca_secret) errors.push(`${where}: issuer ${ref.name} is not a CA issuer (spec.ca)`);
+    if (ca_secret && !certificates.some((c) => c.spec?.secretName === ca_secret && c.spec?.isCA === true)) {
+      errors.push(`Issuer ${ref.name}: no CA Certificate (isCA: true) writes its Secret ${ca_secret}`);
+    }
+  }
+  if (new Set(issuer_of.values()).size > 1) {
+    errors.push(`servers and trainers are issued by different issuers (${[...issuer_of.values()].join(", ")}): ` +
+                "each checks the other against one CA");
+  }
+}
+
 // Component directory name -> its check; `present` says whether the overlay
 // includes it. An overlay naming a component without a check here fails.
-const kComponentChecks = { gpu: CheckGpu, "slow-link": CheckSlowLink };
+// tls comes before cert-manager, which checks the Secrets tls mounts.
+const kComponentChecks = { gpu: CheckGpu, "slow-link": CheckSlowLink, tls: CheckTls, "cert-manager": CheckCertManager };
 
 // ---------------------------------------------------------------------------
 // Putting it together
@@ -659,6 +776,10 @@ const kBrokenObjects = [
   ["a kind of an unknown group", { apiVersion: "example.com/v1", kind: "Widget", metadata: { name: "w" } }],
   ["a kind unknown to a known group", { apiVersion: "v1", kind: "Servce", metadata: { name: "s" } }],
   ["a nested type posing as a kind", { apiVersion: "apps/v1", kind: "StatefulSetSpec", metadata: { name: "s" } }],
+  ["a Certificate with a string for its usages", {
+    apiVersion: "cert-manager.io/v1", kind: "Certificate", metadata: { name: "c" },
+    spec: { secretName: "s", issuerRef: { name: "i" }, usages: "client auth" },
+  }],
   ["a PodMonitor with a string for its endpoints", {
     apiVersion: "monitoring.coreos.com/v1", kind: "PodMonitor", metadata: { name: "m" },
     spec: { selector: {}, podMetricsEndpoints: "metrics" },
@@ -715,6 +836,33 @@ const kBrokenRenderings = [
   }],
 ];
 
+const ServerContainer = (docs) => Server(docs).spec.template.spec.containers[0];
+const TlsVolume = (owner) => owner.spec.template.spec.volumes.find((v) => v.secret);
+const CertificateOf = (docs, name) => Find(docs, "Certificate", name);
+
+// Changes to the rendered tls overlay, each of which must be caught.
+const kBrokenTlsRenderings = [
+  ["the servers' Secret mounted by subPath", (d) => {
+    const mount = ServerContainer(d).volumeMounts.find((m) => m.name === TlsVolume(Server(d)).name);
+    mount.subPath = "tls.crt";
+  }],
+  ["a Secret readable by all", (d) => { TlsVolume(Trainer(d)).secret.defaultMode = 0o644; }],
+  ["trainers mounting the servers' Secret",
+   (d) => { TlsVolume(Trainer(d)).secret.secretName = TlsVolume(Server(d)).secret.secretName; }],
+  ["a plaintext gRPC probe on a TLS server",
+   (d) => { ServerContainer(d).readinessProbe = { grpc: { port: 7070 }, periodSeconds: 5 }; }],
+  ["a trainer certificate with the server role",
+   (d) => { CertificateOf(d, "pshard-trainer-tls").spec.subject.organizationalUnits = ["server"]; }],
+  ["a server certificate without localhost", (d) => {
+    const spec = CertificateOf(d, "pshard-server-tls").spec;
+    spec.dnsNames = spec.dnsNames.filter((n) => n !== "localhost");
+  }],
+  ["a server certificate not for the names dialled",
+   (d) => { CertificateOf(d, "pshard-server-tls").spec.dnsNames = ["localhost", "*.pshard-servers"]; }],
+  ["a trainer certificate from another issuer",
+   (d) => { CertificateOf(d, "pshard-trainer-tls").spec.issuerRef.name = "pshard-selfsigned"; }],
+];
+
 async function SelfTest() {
   let failed = false;
   const fail = (msg) => { failed = true; console.error(`FAIL self-test: ${msg}`); };
@@ -746,6 +894,26 @@ async function SelfTest() {
     if (errors.length === 0) fail(`${path.basename(plain)} with ${what} passed`);
     else console.log(`ok   rejected ${what}: ${errors[0]}`);
   }
+  // The TLS overlay: passes as it is, fails with each change.
+  const tls = Overlays().find((dir) => path.basename(dir) === "tls");
+  if (!tls) {
+    fail("no overlay tls to break");
+  } else {
+    const tls_docs = Render(tls);
+    const tls_components = ComponentsOf(tls);
+    const tls_baseline = await CheckRendered(tls_docs, tls_components);
+    if (tls_baseline.length > 0) {
+      fail(`overlay tls must pass before it can be broken, but it fails (first: ${tls_baseline[0]})`);
+    } else {
+      for (const [what, mutate] of kBrokenTlsRenderings) {
+        const broken = structuredClone(tls_docs);
+        mutate(broken);
+        const errors = await CheckRendered(broken, tls_components);
+        if (errors.length === 0) fail(`tls with ${what} passed`);
+        else console.log(`ok   rejected ${what}: ${errors[0]}`);
+      }
+    }
+  }
   // The component checks, asked about an overlay that lacks the component.
   for (const name of Object.keys(kComponentChecks)) {
     const errors = await CheckRendered(docs, [name]);
@@ -753,7 +921,8 @@ async function SelfTest() {
     else console.log(`ok   rejected ${path.basename(plain)} claiming component ${name}: ${errors[0]}`);
   }
   if (!failed) {
-    console.log(`self-test: ${kBrokenObjects.length + kBrokenRenderings.length + Object.keys(kComponentChecks).length} ` +
+    console.log(`self-test: ${kBrokenObjects.length + kBrokenRenderings.length + kBrokenTlsRenderings.length +
+                            Object.keys(kComponentChecks).length} ` +
                 `broken inputs, all rejected`);
   }
   return !failed;
