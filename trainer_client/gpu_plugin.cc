@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pshard/config.h"
+#include "pshard/cuda_config.h"
 
 namespace pshard {
 namespace {

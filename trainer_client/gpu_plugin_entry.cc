@@ -1,6 +1,7 @@
 // The entry point of libpshard_gpu.so (see gpu_plugin.h): the CUDA model and,
 // in NCCL builds, the NCCL fabric group.
 #include "pshard/config.h"
+#include "pshard/cuda_config.h"
 #include "trainer_client/gpu_plugin.h"
 #include "trainer_client/model/cuda/cuda_unit_model.h"
 #if PSHARD_WITH_NCCL

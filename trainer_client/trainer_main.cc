@@ -28,6 +28,7 @@
 #include "trainer_client/data/default_corpus.h"
 #include "absl/strings/str_join.h"
 #include "pshard/config.h"
+#include "pshard/cuda_config.h"
 #include "trainer_client/peak_flops.h"
 #include "trainer_client/route_plan.h"
 #include "trainer_client/group/socket/socket_group.h"

@@ -2,7 +2,7 @@
 // error for what this build or machine cannot do.
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "pshard/config.h"
+#include "pshard/cuda_config.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/tiny_job.h"
 #include "trainer_client/trainer.h"
