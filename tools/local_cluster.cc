@@ -326,6 +326,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     }
     if (spec.metrics_port_base != 0) trainer_metrics.push_back(metrics);
     argv.insert(argv.end(), spec.trainer_flags.begin(), spec.trainer_flags.end());
+    if (r < spec.fabric_group_size) argv.insert(argv.end(), spec.evaluator_flags.begin(), spec.evaluator_flags.end());
     argv.insert(argv.end(), trainer_security.begin(), trainer_security.end());
     if (!topology_flag.empty()) argv.push_back(topology_flag);
     if (!link_dir_flag.empty()) argv.push_back(link_dir_flag);

@@ -23,6 +23,9 @@ struct LocalClusterSpec {
   std::vector<std::string> server_flags;
   /// Flags passed to every trainer (servers and rank are added).
   std::vector<std::string> trainer_flags;
+  /// Flags for the trainers that evaluate on held-out data (rank 0, or
+  /// every member of rank 0's fabric group: a group evaluates together).
+  std::vector<std::string> evaluator_flags;
   /// Trainers in fabric groups of this many consecutive ranks (1: none):
   /// a topology file saying so goes to run_dir and to every trainer.
   int fabric_group_size = 1;

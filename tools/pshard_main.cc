@@ -86,6 +86,10 @@ ABSL_FLAG(bool, fetch_once_per_step, false,
           "activations kept for every micro-batch (needs --accumulate_on_trainer)");
 ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
+ABSL_FLAG(std::string, val_data, "",
+          "held-out text file: trainer 0 (its fabric group) reports the loss on it every --eval_every steps");
+ABSL_FLAG(int, eval_every, 0, "evaluate on --val_data after every this many steps and after the last (0: never)");
+ABSL_FLAG(int, val_batches, 8, "micro-batches of --val_data per evaluation");
 ABSL_FLAG(int, fabric_group_size, 1,
           "trainers form fabric groups of this many consecutive ranks (each fetches 1/G of every unit, the group "
           "all-gathers and reduce-scatters over TCP, and pushes once); 1: no groups");
@@ -311,6 +315,12 @@ int RunLocal() {
       absl::StrCat("--server_retry_limit=", absl::FormatDuration(absl::GetFlag(FLAGS_server_retry_limit))),
       absl::StrCat("--rpc_timeout=", absl::FormatDuration(absl::GetFlag(FLAGS_rpc_timeout))),
   };
+  if (!absl::GetFlag(FLAGS_val_data).empty() || absl::GetFlag(FLAGS_eval_every) != 0) {
+    // The trainer checks them (both or neither) before it starts.
+    spec.evaluator_flags = {absl::StrCat("--val_data=", absl::GetFlag(FLAGS_val_data)),
+                            absl::StrCat("--eval_every=", absl::GetFlag(FLAGS_eval_every)),
+                            absl::StrCat("--val_batches=", absl::GetFlag(FLAGS_val_batches))};
+  }
   if (const std::string placement = absl::GetFlag(FLAGS_placement); placement == "paired") {
     spec.paired = true;
   } else if (placement != "separate") {

@@ -168,6 +168,53 @@ absl::StatusOr<StepReport> Trainer::RunStep(int64_t step) {
   return report;
 }
 
+absl::StatusOr<EvalReport> Trainer::Evaluate(int64_t version, const TokenDataset& data, int batches,
+                                             uint64_t seed) {
+  if (batches < 1) return absl::InvalidArgumentError(absl::StrCat("evaluation batches ", batches, " must be >= 1"));
+  const absl::Time start = absl::Now();
+  const int lanes = model_->lanes();
+  const int k = model_->num_units();
+  std::vector<int> schedule(k);
+  for (int u = 0; u < k; ++u) schedule[u] = u;
+  EvalReport report;
+  report.version = version;
+  absl::Status status;
+  for (int micro = 0; micro < batches && status.ok(); micro += lanes) {
+    for (int lane = 0; lane < lanes && status.ok(); ++lane) {
+      // Step 0 and rank 0 for every evaluation and trainer: the same text.
+      status = data.SampleBatch(seed, /*step=*/0, /*rank=*/0, micro + lane, options_.batch, options_.seq_len, tokens_,
+                                targets_);
+      if (status.ok()) status = model_->SetBatch(lane, tokens_, targets_);
+    }
+    TransferLog log;
+    {
+      Prefetcher prefetch(client_, options_.group, schedule, version, options_.prefetch_depth, &log);
+      for (int u = 0; u < k && status.ok(); ++u) {
+        absl::StatusOr<std::shared_ptr<UnitTransfer>> w = prefetch.Get(u);
+        status = w.ok() ? model_->ForwardUnit(u, (*w)->values()) : w.status();
+      }
+    }
+    report.bytes_fetched += log.bytes_fetched;
+    for (int lane = 0; lane < lanes && status.ok(); ++lane) {
+      absl::StatusOr<double> loss = model_->Loss(lane);
+      if (!loss.ok()) {
+        status = loss.status();
+        break;
+      }
+      report.loss += *loss;
+      ++report.batches;
+    }
+  }
+  // The evaluation's compute belongs to no step.
+  absl::StatusOr<ModelTimeline> timeline = model_->TakeTimeline();
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(timeline.status());
+  report.loss /= report.batches;
+  report.tokens = static_cast<int64_t>(tokens_.size()) * report.batches;
+  report.wall = absl::Now() - start;
+  return report;
+}
+
 absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report, TransferLog* log,
                               IntervalUnion* data, std::vector<TreeReducer>* accumulated,
                               std::vector<std::shared_ptr<UnitTransfer>>* pushes,

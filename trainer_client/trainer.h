@@ -96,6 +96,15 @@ struct StepReport {
   std::vector<absl::Duration> push_latencies;   ///< one per unit push
 };
 
+struct EvalReport {
+  int64_t version = 0;
+  double loss = 0.0;  ///< mean cross-entropy over the batches, nats
+  int batches = 0;    ///< micro-batches evaluated
+  int64_t tokens = 0;
+  absl::Duration wall;
+  int64_t bytes_fetched = 0;
+};
+
 /// Runs steps for one trainer rank. Not thread-safe; one per thread.
 class Trainer {
  public:
@@ -112,6 +121,15 @@ class Trainer {
   /// Trains step `step` (fetching version `step` of every unit) and returns
   /// once every gradient push of the step is acknowledged.
   absl::StatusOr<StepReport> RunStep(int64_t step);
+
+  /// The loss of version `version` of the weights on held-out data:
+  /// forward only, over micro-batches 0..batches-1 of `data` (rounded up to
+  /// whole passes of the model's lanes), sampled as a pure function of
+  /// (`seed`, micro-batch) so that every evaluation sees the same text.
+  /// Fetches every unit once per pass (through the fabric group, whose
+  /// members must all evaluate alike) and pushes nothing; the time it takes
+  /// is not counted in any step's report.
+  absl::StatusOr<EvalReport> Evaluate(int64_t version, const TokenDataset& data, int batches, uint64_t seed);
 
   int rank() const { return client_->options().trainer_rank; }
   const UnitModel& model() const { return *model_; }

@@ -83,6 +83,12 @@ ABSL_FLAG(std::string, transport, "auto",
 ABSL_FLAG(std::string, data, "", "training text file (bytes are tokens); empty: the built-in corpus");
 ABSL_FLAG(uint64_t, data_seed, 1, "data order seed");
 ABSL_FLAG(int, log_every, 10, "print progress every this many steps (0: never)");
+ABSL_FLAG(std::string, val_data, "",
+          "held-out text file (bytes are tokens) to evaluate on every --eval_every steps: forward only, "
+          "nothing pushed");
+ABSL_FLAG(int, eval_every, 0, "evaluate on --val_data after every this many steps and after the last (0: never)");
+ABSL_FLAG(int, val_batches, 8, "micro-batches of --val_data per evaluation (the same ones every time)");
+ABSL_FLAG(uint64_t, val_seed, 7, "which micro-batches of --val_data are evaluated");
 ABSL_FLAG(std::string, step_log, "",
           "append one JSON line per step to this file: times, bytes, loss (empty: none)");
 ABSL_FLAG(int, blas_threads, 1, "BLAS threads for this trainer");
@@ -175,6 +181,30 @@ int Run() {
       return 2;
     }
     copts.security = *security;
+  }
+  const std::string val_path = absl::GetFlag(FLAGS_val_data);
+  const int eval_every = absl::GetFlag(FLAGS_eval_every);
+  const int val_batches = absl::GetFlag(FLAGS_val_batches);
+  if (eval_every < 0 || val_batches < 1 || (eval_every > 0) != !val_path.empty()) {
+    std::fprintf(stderr,
+                 "pshard-trainer: --val_data and --eval_every go together (--eval_every=K >= 1 with a file; "
+                 "got --val_data=\"%s\" --eval_every=%d), and --val_batches=%d must be >= 1\n",
+                 val_path.c_str(), eval_every, val_batches);
+    return 2;
+  }
+  std::optional<pshard::TokenDataset> val_data;
+  if (!val_path.empty()) {
+    absl::StatusOr<pshard::TokenDataset> loaded = pshard::TokenDataset::FromFile(val_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "pshard-trainer: --val_data: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    if (loaded->size() <= absl::GetFlag(FLAGS_seq_len)) {
+      std::fprintf(stderr, "pshard-trainer: --val_data=%s holds %lld tokens, not more than --seq_len=%d\n",
+                   val_path.c_str(), static_cast<long long>(loaded->size()), absl::GetFlag(FLAGS_seq_len));
+      return 2;
+    }
+    val_data = *std::move(loaded);
   }
   copts.join_log = [rank = copts.trainer_rank](const std::string& line) {
     std::fprintf(stderr, "pshard-trainer %d: %s\n", rank, line.c_str());
@@ -450,6 +480,27 @@ int Run() {
       t->other += r->times.other;
     }
     ++window_steps;
+    if (val_data && ((step + 1) % eval_every == 0 || step + 1 == steps)) {
+      // Version step + 1: the weights after this step's update, which the
+      // next step fetches too. A server lost meanwhile fails the
+      // evaluation; the next step rejoins, and this evaluation is skipped.
+      absl::StatusOr<pshard::EvalReport> eval = runner.trainer().Evaluate(
+          step + 1, *val_data, val_batches, absl::GetFlag(FLAGS_val_seed));
+      if (eval.ok()) {
+        metrics.RecordEval(*eval);
+        std::printf("eval after step %lld | val loss %.3f over %d batches (%lld tokens) | %s\n",
+                    static_cast<long long>(step + 1), eval->loss, eval->batches,
+                    static_cast<long long>(eval->tokens), Ms(eval->wall).c_str());
+        std::fflush(stdout);
+      } else if (pshard::IsRecoverableFailure(eval.status())) {
+        std::fprintf(stderr, "pshard-trainer %d: evaluation after step %lld skipped: %s\n", rank,
+                     static_cast<long long>(step + 1), eval.status().ToString().c_str());
+      } else {
+        std::fprintf(stderr, "pshard-trainer %d: evaluation after step %lld failed: %s\n", rank,
+                     static_cast<long long>(step + 1), eval.status().ToString().c_str());
+        return 1;
+      }
+    }
     if (log_every > 0 && ((step + 1) % log_every == 0 || step + 1 == steps)) {
       const double tokens = static_cast<double>(r->tokens) * job.num_trainers * window_steps;
       // The job's rate: this trainer's, times the trainers (they run in step).

@@ -116,6 +116,24 @@ TrainerMetrics::TrainerMetrics(metrics::Registry& r, int rank, const std::string
   }
 }
 
+void TrainerMetrics::RecordEval(const EvalReport& report) {
+  if (val_loss_ == nullptr) {
+    val_loss_ = &registry_.AddGauge("pshard_trainer_val_loss",
+                                    "Cross-entropy on the held-out data (--val_data) at the last evaluation, in nats.")
+                     .Add(Rank(rank_));
+    val_version_ = &registry_.AddGauge("pshard_trainer_val_step",
+                                       "The weights' version (steps applied) the last evaluation measured.")
+                        .Add(Rank(rank_));
+    eval_seconds_ = &registry_.AddCounter("pshard_trainer_eval_seconds_total",
+                                          "Wall time spent evaluating on held-out data, outside every step.")
+                         .Add(Rank(rank_));
+  }
+  val_loss_->Set(report.loss);
+  val_version_->Set(static_cast<double>(report.version));
+  eval_seconds_->Increment(absl::ToDoubleSeconds(report.wall));
+  fetch_bytes_.Increment(static_cast<double>(report.bytes_fetched));
+}
+
 void TrainerMetrics::RecordStep(const StepReport& report) {
   const double wall = absl::ToDoubleSeconds(report.times.wall);
   phase_compute_.Increment(absl::ToDoubleSeconds(report.times.compute));

@@ -58,6 +58,10 @@ class TrainerMetrics {
                  double peak_flops);
 
   void RecordStep(const StepReport& report);
+  /// An evaluation on held-out data: its loss, the weights' version and its
+  /// time (the series appear with the first evaluation). Its fetches count
+  /// in the transfer bytes.
+  void RecordEval(const EvalReport& report);
   /// The model's memory by kind (see ModelMemory).
   void SetModelMemory(const ModelMemory& memory);
   /// The levers' host memory by kind (see HostMemory).
@@ -86,6 +90,9 @@ class TrainerMetrics {
   metrics::Gauge& grad_norm_;
   metrics::Gauge& step_;
   metrics::Gauge* mfu_ = nullptr;  // only when the peak rate is known
+  metrics::Gauge* val_loss_ = nullptr;  // from the first evaluation on
+  metrics::Gauge* val_version_ = nullptr;
+  metrics::Counter* eval_seconds_ = nullptr;
   metrics::Gauge& activation_bytes_;
   metrics::Gauge& weight_buffer_bytes_;
   metrics::Gauge& host_weight_bytes_;

@@ -160,9 +160,14 @@ TEST(PrometheusE2E, DashboardQueriesReturnDataFromALiveCluster) {
   const int prometheus_port = FreePortBase({0}, cluster_ports);
   ASSERT_NE(prometheus_port, 0) << "no free port for Prometheus";
 
+  // Trainer 0 evaluates too, for the held-out loss's series.
+  const std::string val = run_dir + "/val.txt";
+  std::ofstream(val) << std::string(20, 'x') << " held-out text for the dashboard's held-out loss, long enough for "
+                     << "a sequence of 32 tokens and then some more of it.\n";
   absl::StatusOr<ChildProcess> launcher = StartLocal(
       run_dir, {absl::StrCat("--servers=", kServers), absl::StrCat("--trainers=", kTrainers), "--steps=100000",
                 "--layers=2", "--d_model=64", "--heads=2", "--context=32", "--seq_len=32",
+                absl::StrCat("--val_data=", val), "--eval_every=5", "--val_batches=2",
                 absl::StrCat("--metrics_port_base=", base)});
   ASSERT_TRUE(launcher.ok()) << launcher.status();
   StopOnExit stop_launcher(*launcher, SIGINT);

@@ -119,6 +119,7 @@ class MetricsNamingTest : public ::testing::Test {
   }
 
   static void Train(int64_t first, int64_t end) {
+    static const TokenDataset* val = new TokenDataset(TokenDataset::FromText(DefaultCorpus()));
     std::vector<absl::Status> results(kTrainers);
     std::vector<std::thread> threads;
     for (int r = 0; r < kTrainers; ++r) {
@@ -127,6 +128,12 @@ class MetricsNamingTest : public ::testing::Test {
           absl::StatusOr<StepReport> report = ranks_[r].trainer->RunStep(step);
           results[r] = report.status();
           if (report.ok()) ranks_[r].metrics->RecordStep(*report);
+        }
+        // And an evaluation on held-out data, for its families.
+        if (results[r].ok()) {
+          absl::StatusOr<EvalReport> eval = ranks_[r].trainer->Evaluate(end, *val, 1, 5);
+          results[r] = eval.status();
+          if (eval.ok()) ranks_[r].metrics->RecordEval(*eval);
         }
       });
     }
