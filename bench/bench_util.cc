@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tools/process.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::bench {
 
@@ -23,7 +24,7 @@ JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards)
   int width = static_cast<int>(std::sqrt(elements / 12.0));
   width -= width % 4;
   JobConfig job;
-  job.model = GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256}).value();
   job.num_shards = num_shards;
   return job;
 }

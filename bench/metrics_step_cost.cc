@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   // Per RPC: one latency observation and up to two byte counters (one chunk
   // each way for slices this small); per step and shard: the driver's ~12 updates.
   const double server_ns = rpcs_per_step * (observe_ns + 2 * increment_ns) +
-                           job.num_shards * (12 * increment_ns + (job.model.num_layers + 2) * increment_ns);
+                           job.num_shards * (12 * increment_ns + static_cast<double>(job.model.units.size()) * increment_ns);
   const double total_ns = record_step_ns + server_ns;
   std::printf("metric recording per step (demo model, %d servers, 1 trainer, bf16):\n", job.num_shards);
   std::printf("  step time                  : %.2f ms (mean of %d)\n", step_ns / 1e6, steps);

@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "trainer_client/model/gpt_spec.h"
 #include "bench/bench_util.h"
 #include "common/model_spec.h"
 #include "tools/process.h"

@@ -6,7 +6,11 @@
 namespace pshard {
 
 absl::Status JobConfig::Validate() const {
-  RETURN_IF_ERROR(model.Validate());
+  RETURN_IF_ERROR(ValidateModelSpec(model));
+  if (model.HasGivenValues() && init_fingerprint == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the layout (", model.model, ") takes some initial values from an initial-weights file, and the job has none"));
+  }
   if (num_shards < 1) return absl::InvalidArgumentError(absl::StrCat("num_shards ", num_shards, " must be >= 1"));
   if (num_trainers < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_trainers ", num_trainers, " must be >= 1"));
@@ -32,7 +36,7 @@ absl::Status JobConfig::Validate() const {
 absl::StatusOr<JobLayout> MakeJobLayout(const JobConfig& job) {
   RETURN_IF_ERROR(job.Validate());
   JobLayout layout;
-  ASSIGN_OR_RETURN(layout.spec, MakeGptSpec(job.model));
+  layout.spec = job.model;
   const std::vector<int64_t> numels = layout.spec.UnitNumels();
   ASSIGN_OR_RETURN(layout.partitions, PartitionUnits(numels, job.num_shards, job.slice_alignment));
   return layout;

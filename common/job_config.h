@@ -13,9 +13,13 @@
 
 namespace pshard {
 
-/// The job: model, optimizer, seed and how it is spread. A plain value.
+/// The job: layout, optimizer, seed and how it is spread. A plain value.
 struct JobConfig {
-  GptConfig model;
+  ModelSpec model;  ///< the layout: units of named tensors
+  /// The job's initial-weights file (the servers' --init_from), as
+  /// InitialWeights::fingerprint() has it; 0: the layout's rules alone
+  /// give the initial weights.
+  uint64_t init_fingerprint = 0;
   OptimizerConfig optimizer;
   uint64_t seed = 1234;
   int num_shards = 1;    ///< N

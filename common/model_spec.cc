@@ -2,24 +2,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/rng.h"
 
 namespace pshard {
 
-absl::Status GptConfig::Validate() const {
-  if (num_layers < 1 || d_model < 1 || num_heads < 1 || context < 1 || vocab < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "GPT sizes must be positive: layers=", num_layers, " width=", d_model,
-        " heads=", num_heads, " context=", context, " vocab=", vocab));
+std::string_view InitKindName(InitKind kind) {
+  switch (kind) {
+    case InitKind::kNormal: return "normal";
+    case InitKind::kZeros: return "zeros";
+    case InitKind::kOnes: return "ones";
+    case InitKind::kGiven: return "given";
   }
-  if (d_model % num_heads != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("width ", d_model, " is not divisible by heads ", num_heads));
+  return "unknown";
+}
+
+absl::StatusOr<InitKind> InitKindFromName(std::string_view name) {
+  for (InitKind kind : {InitKind::kNormal, InitKind::kZeros, InitKind::kOnes, InitKind::kGiven}) {
+    if (name == InitKindName(kind)) return kind;
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown initialisation \"", std::string(name), "\"; expected normal, zeros, ones or given"));
 }
 
 const TensorSpec* UnitSpec::Find(const std::string& name_suffix) const {
@@ -41,122 +48,182 @@ std::vector<int64_t> ModelSpec::UnitNumels() const {
   return out;
 }
 
-namespace {
+int ModelSpec::num_tensors() const {
+  int n = 0;
+  for (const UnitSpec& u : units) n += static_cast<int>(u.tensors.size());
+  return n;
+}
 
-class UnitBuilder {
- public:
-  UnitBuilder(std::string name, uint64_t* next_stream) : next_stream_(next_stream) {
-    unit_.name = std::move(name);
+bool ModelSpec::HasGivenValues() const {
+  for (const UnitSpec& u : units) {
+    for (const TensorSpec& t : u.tensors) {
+      if (t.init == InitKind::kGiven) return true;
+    }
   }
-  void Add(const std::string& name, std::vector<int64_t> shape, InitKind init, double std = 0.0) {
-    TensorSpec t;
-    t.name = absl::StrCat(unit_.name, ".", name);
-    t.numel = 1;
-    for (int64_t d : shape) t.numel *= d;
-    t.shape = std::move(shape);
-    t.offset = unit_.numel;
-    t.init = init;
-    t.init_std = std;
-    t.weight_decay = t.shape.size() >= 2;
-    t.rng_stream = (*next_stream_)++;
-    unit_.numel += t.numel;
-    unit_.tensors.push_back(std::move(t));
+  return false;
+}
+
+ModelSpecBuilder::ModelSpecBuilder(std::string model) { spec_.model = std::move(model); }
+
+void ModelSpecBuilder::AddUnit(std::string name) {
+  UnitSpec unit;
+  unit.name = std::move(name);
+  spec_.units.push_back(std::move(unit));
+}
+
+void ModelSpecBuilder::AddTensor(std::string name, std::vector<int64_t> shape, InitKind init, double init_std,
+                                 bool weight_decay) {
+  if (spec_.units.empty()) {
+    if (error_.empty()) error_ = absl::StrCat("tensor ", name, " comes before any unit");
+    return;
   }
-  UnitSpec Take() { return std::move(unit_); }
-
- private:
-  UnitSpec unit_;
-  uint64_t* next_stream_;
-};
-
-}  // namespace
-
-absl::StatusOr<ModelSpec> MakeGptSpec(const GptConfig& config) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
-  const int64_t c = config.d_model;
-  const double kStd = 0.02;
-  // GPT-2 scales the residual projections by 1/sqrt(2 * layers).
-  const double residual_std = kStd / std::sqrt(2.0 * config.num_layers);
-  uint64_t stream = 0;
-  ModelSpec spec;
-  spec.config = config;
-
-  UnitBuilder embed("embed", &stream);
-  embed.Add("wte", {config.vocab, c}, InitKind::kNormal, kStd);
-  embed.Add("wpe", {config.context, c}, InitKind::kNormal, 0.01);
-  spec.units.push_back(embed.Take());
-
-  for (int l = 0; l < config.num_layers; ++l) {
-    UnitBuilder block(absl::StrCat("block", l), &stream);
-    block.Add("ln1.w", {c}, InitKind::kOnes);
-    block.Add("ln1.b", {c}, InitKind::kZeros);
-    block.Add("attn.qkv.w", {3 * c, c}, InitKind::kNormal, kStd);
-    block.Add("attn.qkv.b", {3 * c}, InitKind::kZeros);
-    block.Add("attn.proj.w", {c, c}, InitKind::kNormal, residual_std);
-    block.Add("attn.proj.b", {c}, InitKind::kZeros);
-    block.Add("ln2.w", {c}, InitKind::kOnes);
-    block.Add("ln2.b", {c}, InitKind::kZeros);
-    block.Add("mlp.fc.w", {4 * c, c}, InitKind::kNormal, kStd);
-    block.Add("mlp.fc.b", {4 * c}, InitKind::kZeros);
-    block.Add("mlp.proj.w", {c, 4 * c}, InitKind::kNormal, residual_std);
-    block.Add("mlp.proj.b", {c}, InitKind::kZeros);
-    spec.units.push_back(block.Take());
+  if (tensors_ >= kMaxLayoutTensors) {
+    if (error_.empty()) error_ = absl::StrCat("a layout holds at most ", kMaxLayoutTensors, " tensors");
+    return;
   }
+  UnitSpec& unit = spec_.units.back();
+  TensorSpec t;
+  t.name = std::move(name);
+  t.numel = 1;
+  for (int64_t d : shape) {
+    // Saturate instead of overflowing: validation refuses the result.
+    t.numel = (d < 1 || t.numel > kMaxLayoutElements / d) ? kMaxLayoutElements + 1 : t.numel * d;
+  }
+  t.shape = std::move(shape);
+  t.offset = unit.numel;
+  t.init = init;
+  t.init_std = init_std;
+  t.weight_decay = weight_decay;
+  t.rng_stream = static_cast<uint64_t>(tensors_++);
+  unit.numel = std::min(unit.numel + t.numel, kMaxLayoutElements + 1);
+  unit.tensors.push_back(std::move(t));
+}
 
-  UnitBuilder head("head", &stream);
-  head.Add("lnf.w", {c}, InitKind::kOnes);
-  head.Add("lnf.b", {c}, InitKind::kZeros);
-  head.Add("lm_head.w", {config.vocab, c}, InitKind::kNormal, kStd);
-  spec.units.push_back(head.Take());
-  return spec;
+absl::StatusOr<ModelSpec> ModelSpecBuilder::Build() && {
+  if (!error_.empty()) return absl::InvalidArgumentError(error_);
+  if (absl::Status s = ValidateModelSpec(spec_); !s.ok()) return s;
+  return std::move(spec_);
 }
 
 namespace {
 
-// Calls fn(tensor, first_element_in_tensor, out_index, count) for every piece
-// of [begin, begin + n) that falls inside a tensor of the unit.
-template <typename Fn>
-void ForEachTensorPiece(const UnitSpec& unit, int64_t begin, int64_t n, Fn fn) {
-  const int64_t end = begin + n;
+bool Printable(std::string_view name) {
+  return std::all_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) >= 0x20; });
+}
+
+absl::Status CheckTensor(const UnitSpec& unit, const TensorSpec& t, int64_t offset, uint64_t stream) {
+  auto bad = [&](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat("unit ", unit.name, ", tensor \"", t.name, "\": ", what...));
+  };
+  if (t.name.empty() || t.name.size() > kMaxTensorNameBytes || !Printable(t.name)) {
+    return bad("a name is 1 to ", kMaxTensorNameBytes, " printable bytes");
+  }
+  if (t.name == "__metadata__") return bad("the name is reserved by the safetensors format");
+  if (static_cast<int>(t.shape.size()) > kMaxTensorRank) return bad("more than ", kMaxTensorRank, " dimensions");
+  int64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 1) return bad("dimension ", d, " in shape [", absl::StrJoin(t.shape, ", "), "]: each must be >= 1");
+    if (numel > kMaxLayoutElements / d) return bad("more than ", kMaxLayoutElements, " elements");
+    numel *= d;
+  }
+  if (t.numel != numel || t.offset != offset || t.rng_stream != stream) {
+    return bad("offset, size or stream inconsistent with the layout (offset ", t.offset, " numel ", t.numel,
+               " stream ", t.rng_stream, "; expected ", offset, ", ", numel, ", ", stream, ")");
+  }
+  if (t.init == InitKind::kNormal && (!std::isfinite(t.init_std) || t.init_std < 0)) {
+    return bad("a normal initialisation needs a finite standard deviation >= 0, not ", t.init_std);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateModelSpec(const ModelSpec& spec) {
+  if (spec.model.size() > kMaxTensorNameBytes || !Printable(spec.model)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the layout's model words are at most ", kMaxTensorNameBytes, " printable bytes"));
+  }
+  if (spec.units.empty()) return absl::InvalidArgumentError("the layout has no units");
+  if (spec.units.size() > static_cast<size_t>(kMaxLayoutUnits)) {
+    return absl::InvalidArgumentError(absl::StrCat("the layout has ", spec.units.size(), " units; at most ",
+                                                   kMaxLayoutUnits));
+  }
+  std::set<std::string_view> unit_names;
+  std::set<std::string_view> tensor_names;
+  uint64_t stream = 0;
+  int64_t total = 0;
+  for (const UnitSpec& unit : spec.units) {
+    if (unit.name.empty() || unit.name.size() > kMaxTensorNameBytes || !Printable(unit.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("unit ", unit_names.size(), " needs a printable name of 1 to ",
+                                                     kMaxTensorNameBytes, " bytes"));
+    }
+    if (!unit_names.insert(unit.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("two units are named ", unit.name));
+    }
+    if (unit.tensors.empty()) return absl::InvalidArgumentError(absl::StrCat("unit ", unit.name, " has no tensors"));
+    int64_t offset = 0;
+    for (const TensorSpec& t : unit.tensors) {
+      if (absl::Status s = CheckTensor(unit, t, offset, stream++); !s.ok()) return s;
+      if (!tensor_names.insert(t.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat("two tensors are named ", t.name));
+      }
+      offset += t.numel;
+      if (offset > kMaxLayoutElements) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unit ", unit.name, " holds more than ", kMaxLayoutElements, " elements"));
+      }
+    }
+    if (unit.numel != offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unit ", unit.name, " says ", unit.numel, " elements; its tensors hold ", offset));
+    }
+    total += offset;
+    if (total > kMaxLayoutElements) {
+      return absl::InvalidArgumentError(absl::StrCat("the layout holds more than ", kMaxLayoutElements, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TensorPiece> TensorPieces(const UnitSpec& unit, int64_t begin, int64_t length) {
+  std::vector<TensorPiece> pieces;
+  const int64_t end = begin + length;
   for (const TensorSpec& t : unit.tensors) {
     const int64_t lo = std::max(begin, t.offset);
     const int64_t hi = std::min(end, t.offset + t.numel);
-    if (lo < hi) fn(t, lo - t.offset, lo - begin, hi - lo);
+    if (lo < hi) pieces.push_back(TensorPiece{&t, lo - t.offset, lo - begin, hi - lo});
   }
+  return pieces;
 }
-
-}  // namespace
 
 void InitializeUnitRange(const UnitSpec& unit, uint64_t seed, int64_t begin, std::span<float> out) {
   std::fill(out.begin(), out.end(), 0.0f);
-  ForEachTensorPiece(unit, begin, static_cast<int64_t>(out.size()),
-                     [&](const TensorSpec& t, int64_t first, int64_t at, int64_t count) {
-                       for (int64_t i = 0; i < count; ++i) {
-                         float v = 0.0f;
-                         switch (t.init) {
-                           case InitKind::kZeros: v = 0.0f; break;
-                           case InitKind::kOnes: v = 1.0f; break;
-                           case InitKind::kNormal:
-                             v = static_cast<float>(t.init_std *
-                                                    NormalAt(seed, t.rng_stream, first + i));
-                             break;
-                         }
-                         out[at + i] = v;
-                       }
-                     });
+  for (const TensorPiece& p : TensorPieces(unit, begin, static_cast<int64_t>(out.size()))) {
+    const TensorSpec& t = *p.tensor;
+    float* to = out.data() + p.at;
+    switch (t.init) {
+      case InitKind::kZeros:
+      case InitKind::kGiven: break;
+      case InitKind::kOnes: std::fill(to, to + p.count, 1.0f); break;
+      case InitKind::kNormal:
+        for (int64_t i = 0; i < p.count; ++i) {
+          to[i] = static_cast<float>(t.init_std * NormalAt(seed, t.rng_stream, p.first + i));
+        }
+        break;
+    }
+  }
 }
 
 std::vector<ElementRun> WeightDecayRuns(const UnitSpec& unit, int64_t begin, int64_t length) {
   std::vector<ElementRun> runs;
-  ForEachTensorPiece(unit, begin, length,
-                     [&](const TensorSpec& t, int64_t, int64_t at, int64_t count) {
-                       if (!t.weight_decay) return;
-                       if (!runs.empty() && runs.back().end == at) {
-                         runs.back().end = at + count;
-                       } else {
-                         runs.push_back({at, at + count});
-                       }
-                     });
+  for (const TensorPiece& p : TensorPieces(unit, begin, length)) {
+    if (!p.tensor->weight_decay) continue;
+    if (!runs.empty() && runs.back().end == p.at) {
+      runs.back().end = p.at + p.count;
+    } else {
+      runs.push_back({p.at, p.at + p.count});
+    }
+  }
   return runs;
 }
 

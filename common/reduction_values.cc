@@ -130,15 +130,13 @@ std::vector<float> ReductionValues::TakeFloats() && {
   return out;
 }
 
-double SumOfSquares(const ReductionValues& values) {
-  double sum = 0.0;
+void AddSquares(const ReductionValues& values, SquareSum* sum) {
   float block[kBlock];
   for (size_t at = 0; at < values.size(); at += kBlock) {
     const size_t n = std::min(kBlock, values.size() - at);
     values.Read(at, std::span<float>(block, n));
-    for (size_t i = 0; i < n; ++i) sum += static_cast<double>(block[i]) * static_cast<double>(block[i]);
+    sum->AddSquares(std::span<const float>(block, n));
   }
-  return sum;
 }
 
 }  // namespace pshard

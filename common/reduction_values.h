@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "common/square_sum.h"
 #include "common/wire_encoding.h"
 
 namespace pshard {
@@ -56,8 +57,8 @@ class ReductionValues {
   std::vector<std::byte> encoded_;  // otherwise
 };
 
-/// Sum of squares (in double, element order) of `values`, read block by block.
-double SumOfSquares(const ReductionValues& values);
+/// Adds the squares of `values` (read block by block) to `sum`, exactly.
+void AddSquares(const ReductionValues& values, SquareSum* sum);
 
 }  // namespace pshard
 

@@ -16,6 +16,7 @@
 #include "shard_server/norm_coordinator.h"
 #include "shard_server/server_metrics.h"
 #include "shard_server/session_tokens.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::fuzz {
 namespace {
@@ -135,7 +136,7 @@ std::string MethodPath(Method method) {
 
 JobConfig FuzzJob() {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 64};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 64}).value();
   job.optimizer.lr = 1e-2;
   job.optimizer.min_lr = 1e-3;
   job.optimizer.warmup_steps = 2;

@@ -19,6 +19,7 @@
 #include "fuzz/harness.h"
 #include "fuzz/in_process_shard.h"
 #include "fuzz/service_checks.h"
+#include "common/square_sum.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.pb.h"
 
@@ -204,11 +205,14 @@ void AddJoins(Corpus& corpus) {
   corpus.Add("join", "no_token", FuzzRecords(kNoToken, {Bytes(first)}));
 }
 
-v1::NormReport Report(int shard, int64_t step, double sum_of_squares, std::vector<int64_t> checkpoints) {
+// A report whose sum of squares is that of the one value `gradient`.
+v1::NormReport Report(int shard, int64_t step, float gradient, std::vector<int64_t> checkpoints) {
   v1::NormReport r;
   r.set_shard_index(shard);
   r.set_step(step);
-  r.set_sum_of_squares(sum_of_squares);
+  SquareSum sum;
+  sum.AddSquares(std::span<const float>(&gradient, 1));
+  r.set_sum_of_squares(sum.ToBytes());
   r.set_job_fingerprint(JobFingerprint(FuzzJob()));
   for (int64_t s : checkpoints) r.add_checkpoint_steps(s);
   return r;
@@ -216,7 +220,7 @@ v1::NormReport Report(int shard, int64_t step, double sum_of_squares, std::vecto
 
 void AddNorms(Corpus& corpus) {
   corpus.Add("agree_norm", "both_shards",
-             FuzzRecords(kServer, {Bytes(Report(0, 0, 1.5, {2, 4})), Bytes(Report(1, 0, 2.25, {4}))}));
+             FuzzRecords(kServer, {Bytes(Report(0, 0, 1.5f, {2, 4})), Bytes(Report(1, 0, 2.25f, {4}))}));
   v1::NormReport stranger = Report(1, 0, 1, {});
   stranger.set_job_fingerprint(7);
   v1::NormReport non_finite = Report(0, 1, 0, {});

@@ -188,23 +188,14 @@ absl::StatusOr<ModelSpec> MakeUniformSpec(int64_t parameters, int layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("a model of ", parameters, " parameters cannot fill ", layers, " layers"));
   }
-  ModelSpec spec;
-  spec.config.num_layers = layers;
+  ModelSpecBuilder spec(absl::StrCat("uniform parameters=", parameters, " layers=", layers));
   for (int l = 0; l < layers; ++l) {
     // The first parameters % layers layers take one more.
     const int64_t numel = parameters / layers + (l < parameters % layers ? 1 : 0);
-    UnitSpec unit;
-    unit.name = absl::StrCat("layer", l);
-    TensorSpec tensor;
-    tensor.name = absl::StrCat(unit.name, ".w");
-    tensor.shape = {numel};
-    tensor.numel = numel;
-    tensor.weight_decay = true;
-    unit.tensors.push_back(tensor);
-    unit.numel = numel;
-    spec.units.push_back(std::move(unit));
+    spec.AddUnit(absl::StrCat("layer", l));
+    spec.AddTensor(absl::StrCat("layer", l, ".w"), {numel}, InitKind::kZeros, 0.0, /*weight_decay=*/true);
   }
-  return spec;
+  return std::move(spec).Build();
 }
 
 ZeroMemory ZeroMemoryOf(double parameters, int devices, double k) {

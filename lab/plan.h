@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/levers.h"
 #include "common/model_spec.h"
+#include "trainer_client/model/gpt_spec.h"
 #include "common/partition.h"
 #include "common/wire_encoding.h"
 

@@ -1,6 +1,7 @@
 #include "proto/rpc_util.h"
 
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc.h"
@@ -20,14 +21,74 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+namespace {
+
+v1::TensorLayout::Init InitToProto(InitKind init) {
+  switch (init) {
+    case InitKind::kNormal: return v1::TensorLayout::INIT_NORMAL;
+    case InitKind::kZeros: return v1::TensorLayout::INIT_ZEROS;
+    case InitKind::kOnes: return v1::TensorLayout::INIT_ONES;
+    case InitKind::kGiven: return v1::TensorLayout::INIT_GIVEN;
+  }
+  return v1::TensorLayout::INIT_UNSPECIFIED;
+}
+
+absl::StatusOr<InitKind> InitFromProto(v1::TensorLayout::Init init, const std::string& tensor) {
+  switch (init) {
+    case v1::TensorLayout::INIT_NORMAL: return InitKind::kNormal;
+    case v1::TensorLayout::INIT_ZEROS: return InitKind::kZeros;
+    case v1::TensorLayout::INIT_ONES: return InitKind::kOnes;
+    case v1::TensorLayout::INIT_GIVEN: return InitKind::kGiven;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", tensor, ": unknown initialisation ", static_cast<int>(init)));
+  }
+}
+
+}  // namespace
+
+v1::ModelLayout LayoutToProto(const ModelSpec& spec) {
+  v1::ModelLayout p;
+  p.set_model(spec.model);
+  for (const UnitSpec& unit : spec.units) {
+    v1::UnitLayout* u = p.add_units();
+    u->set_name(unit.name);
+    for (const TensorSpec& t : unit.tensors) {
+      v1::TensorLayout* tp = u->add_tensors();
+      tp->set_name(t.name);
+      for (int64_t d : t.shape) tp->add_shape(d);
+      tp->set_init(InitToProto(t.init));
+      tp->set_init_std(t.init_std);
+      tp->set_weight_decay(t.weight_decay);
+    }
+  }
+  return p;
+}
+
+absl::StatusOr<ModelSpec> LayoutFromProto(const v1::ModelLayout& p) {
+  if (p.units_size() > kMaxLayoutUnits) {
+    return absl::InvalidArgumentError(absl::StrCat("the layout has ", p.units_size(), " units; at most ", kMaxLayoutUnits));
+  }
+  ModelSpecBuilder builder(p.model());
+  for (const v1::UnitLayout& u : p.units()) {
+    builder.AddUnit(u.name());
+    for (const v1::TensorLayout& t : u.tensors()) {
+      ASSIGN_OR_RETURN(const InitKind init, InitFromProto(t.init(), t.name()));
+      if (t.shape_size() > kMaxTensorRank) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t.name(), " has more than ", kMaxTensorRank,
+                                                       " dimensions"));
+      }
+      builder.AddTensor(t.name(), std::vector<int64_t>(t.shape().begin(), t.shape().end()), init, t.init_std(),
+                        t.weight_decay());
+    }
+  }
+  return std::move(builder).Build();
+}
+
 v1::JobSpec JobToProto(const JobConfig& job) {
   v1::JobSpec p;
-  v1::GptConfig* m = p.mutable_model();
-  m->set_num_layers(job.model.num_layers);
-  m->set_d_model(job.model.d_model);
-  m->set_num_heads(job.model.num_heads);
-  m->set_context(job.model.context);
-  m->set_vocab(job.model.vocab);
+  *p.mutable_layout() = LayoutToProto(job.model);
+  p.set_init_fingerprint(job.init_fingerprint);
   v1::OptimizerConfig* o = p.mutable_optimizer();
   o->set_lr(job.optimizer.lr);
   o->set_min_lr(job.optimizer.min_lr);
@@ -50,11 +111,8 @@ v1::JobSpec JobToProto(const JobConfig& job) {
 
 absl::StatusOr<JobConfig> JobFromProto(const v1::JobSpec& p) {
   JobConfig job;
-  job.model.num_layers = p.model().num_layers();
-  job.model.d_model = p.model().d_model();
-  job.model.num_heads = p.model().num_heads();
-  job.model.context = p.model().context();
-  job.model.vocab = p.model().vocab();
+  ASSIGN_OR_RETURN(job.model, LayoutFromProto(p.layout()));
+  job.init_fingerprint = p.init_fingerprint();
   job.optimizer.lr = p.optimizer().lr();
   job.optimizer.min_lr = p.optimizer().min_lr();
   job.optimizer.warmup_steps = p.optimizer().warmup_steps();

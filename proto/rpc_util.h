@@ -21,6 +21,10 @@ namespace pshard {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+v1::ModelLayout LayoutToProto(const ModelSpec& spec);
+/// Validates the result (ValidateModelSpec).
+absl::StatusOr<ModelSpec> LayoutFromProto(const v1::ModelLayout& proto);
+
 v1::JobSpec JobToProto(const JobConfig& job);
 /// Validates the result; an error names the bad field.
 absl::StatusOr<JobConfig> JobFromProto(const v1::JobSpec& proto);

@@ -24,12 +24,15 @@
 namespace pshard {
 namespace {
 
-// Format 2 adds the schedule's end after the counts; format 1 files are
-// still read.
-constexpr char kMagic[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '2'};
+// Format 2 adds the schedule's end after the counts, format 3 the layout
+// document and the slice alignment after that; files of formats 1 and 2
+// are still read.
+constexpr char kMagic[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '3'};
+constexpr char kMagicV2[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '2'};
 constexpr char kMagicV1[8] = {'P', 'S', 'H', 'D', 'C', 'K', 'P', '1'};
 // Guards against absurd lengths in a damaged file before allocating.
 constexpr int64_t kMaxLayoutBytes = 4096;
+constexpr int64_t kMaxLayoutJsonBytes = int64_t{1} << 30;
 constexpr int64_t kMaxUnits = 1 << 20;
 
 struct FileCloser {
@@ -98,6 +101,9 @@ absl::Status WriteAll(Writer& w, const CheckpointHeader& header, std::span<const
   for (const int64_t v : {header.step, header.applied_updates, header.skipped_steps, header.schedule_end}) {
     if (absl::Status s = w.PutValue(v); !s.ok()) return s;
   }
+  if (absl::Status s = w.PutValue<uint64_t>(header.layout_json.size()); !s.ok()) return s;
+  if (absl::Status s = w.Put(header.layout_json.data(), header.layout_json.size()); !s.ok()) return s;
+  if (absl::Status s = w.PutValue<int64_t>(header.slice_alignment); !s.ok()) return s;
   if (absl::Status s = w.PutValue<int32_t>(static_cast<int32_t>(units.size())); !s.ok()) return s;
   for (const CheckpointUnitView& unit : units) {
     if (unit.m.size() != unit.master.size() || unit.v.size() != unit.master.size()) {
@@ -134,7 +140,8 @@ absl::StatusOr<CheckpointHeader> ReadHeader(Reader& r, const std::string& path) 
   char magic[sizeof(kMagic)];
   if (absl::Status s = r.Get(magic, sizeof(magic)); !s.ok()) return s;
   const bool v1 = std::memcmp(magic, kMagicV1, sizeof(kMagic)) == 0;
-  if (!v1 && std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
+  const bool v2 = std::memcmp(magic, kMagicV2, sizeof(kMagic)) == 0;
+  if (!v1 && !v2 && std::memcmp(magic, kMagic, sizeof(kMagic)) != 0) {
     return absl::DataLossError(absl::StrCat(path, " is not a pshard checkpoint (bad magic)"));
   }
   CheckpointHeader header;
@@ -161,10 +168,29 @@ absl::StatusOr<CheckpointHeader> ReadHeader(Reader& r, const std::string& path) 
     if (!got.ok()) return got.status();
     *v = *got;
   }
+  if (v1 || v2) return header;
+  absl::StatusOr<uint64_t> json_len = r.GetValue<uint64_t>();
+  if (!json_len.ok()) return json_len.status();
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  if (*json_len > static_cast<uint64_t>(kMaxLayoutJsonBytes) || (!ec && *json_len > file_bytes)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " is damaged: layout document too long"));
+  }
+  header.layout_json.resize(*json_len);
+  if (absl::Status s = r.Get(header.layout_json.data(), *json_len); !s.ok()) return s;
+  absl::StatusOr<int64_t> alignment = r.GetValue<int64_t>();
+  if (!alignment.ok()) return alignment.status();
+  header.slice_alignment = *alignment;
   return header;
 }
 
 }  // namespace
+
+std::string CheckpointLayoutWords(const std::string& model, uint64_t layout_fingerprint, int num_shards,
+                                  int64_t slice_alignment) {
+  return absl::StrCat(model, " layout=", absl::StrFormat("0x%016x", layout_fingerprint), " shards=", num_shards,
+                      " alignment=", slice_alignment);
+}
 
 std::string CheckpointFileName(int shard, int num_shards, int64_t step) {
   return absl::StrFormat("shard-%d-of-%d.step-%010d.ckpt", shard, num_shards, step);
@@ -203,8 +229,9 @@ absl::Status CheckFolderLayout(const std::string& dir, int num_shards, const std
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint folder ", dir, " holds checkpoints of another layout (", files[i].name, ": ", header->layout,
         "); this server runs ", layout,
-        ". Use another --checkpoint_dir, or pass --start_fresh to move that folder's checkpoints into a "
-        "subfolder (nothing is deleted) and start from step 0"));
+        ". Use another --checkpoint_dir, `pshard reshard` to write that job's checkpoints for another shard "
+        "count, or pass --start_fresh to move that folder's checkpoints into a subfolder (nothing is deleted) "
+        "and start from step 0"));
   }
   return absl::OkStatus();
 }

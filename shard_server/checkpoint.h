@@ -20,7 +20,9 @@
 namespace pshard {
 
 struct CheckpointHeader {
-  /// The layout the slices belong to, in words ("layers=4 d_model=128 ...").
+  /// The partition the slices belong to, in words: the layout's model
+  /// words, its fingerprint, the shard count and the alignment
+  /// (CheckpointLayoutWords).
   std::string layout;
   int32_t shard_index = 0;
   int32_t num_shards = 1;
@@ -30,7 +32,19 @@ struct CheckpointHeader {
   /// The job's total_steps (end of the cosine decay; 0: none); -1 in files
   /// of the first format, which did not record it.
   int64_t schedule_end = 0;
+  /// The layout itself (FormatLayoutJson, one line) and the slice
+  /// alignment, so that a folder of checkpoints can be read, exported and
+  /// resharded without the job's flags; empty and 0 in files of formats 1
+  /// and 2, which did not record them.
+  std::string layout_json;
+  int64_t slice_alignment = 0;
 };
+
+/// CheckpointHeader::layout for a layout split over `num_shards` with
+/// `slice_alignment`: "<model words> layout=0x<fingerprint> shards=N
+/// alignment=A".
+std::string CheckpointLayoutWords(const std::string& model, uint64_t layout_fingerprint, int num_shards,
+                                  int64_t slice_alignment);
 
 /// One unit's slice state, borrowed for writing.
 struct CheckpointUnitView {

@@ -13,7 +13,7 @@ StepNorm NormCoordinator::Sum(const Round& round) {
   StepNorm total;
   total.checkpoint_steps = round.partials.front()->checkpoint_steps;
   for (const auto& p : round.partials) {
-    total.total_sum_of_squares += p->total_sum_of_squares;
+    total.sum_of_squares.Add(p->sum_of_squares);
     total.non_finite = total.non_finite || p->non_finite;
     std::vector<int64_t> common;
     std::set_intersection(total.checkpoint_steps.begin(), total.checkpoint_steps.end(),

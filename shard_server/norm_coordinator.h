@@ -1,7 +1,7 @@
 // Agreement on each step's global gradient norm. Shard 0 hosts the
 // coordinator: every shard reports its partial sum of squares, and all learn
-// the total (summed in shard order, so every shard computes the same bits)
-// before any of them updates a slice.
+// the total (exact, so the same bits for any number of shards) before any
+// of them updates a slice.
 #ifndef PSHARD_SHARD_SERVER_NORM_COORDINATOR_H_
 #define PSHARD_SHARD_SERVER_NORM_COORDINATOR_H_
 

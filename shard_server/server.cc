@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -124,7 +125,7 @@ absl::StatusOr<StepNorm> AgreeRemotely(v1::ShardService::Stub* stub, const Shard
   v1::NormReport report;
   report.set_shard_index(state.shard_index());
   report.set_step(step);
-  report.set_sum_of_squares(partial.total_sum_of_squares);
+  report.set_sum_of_squares(partial.sum_of_squares.ToBytes());
   report.set_non_finite(partial.non_finite);
   report.set_job_fingerprint(fingerprint);
   for (int64_t s : partial.checkpoint_steps) report.add_checkpoint_steps(s);
@@ -134,7 +135,13 @@ absl::StatusOr<StepNorm> AgreeRemotely(v1::ShardService::Stub* stub, const Shard
     return absl::Status(FromGrpcStatus(s).code(),
                         absl::StrCat("norm agreement with the coordinator (shard 0): ", s.error_message()));
   }
-  StepNorm agreed{agreement.total_sum_of_squares(), agreement.non_finite()};
+  absl::StatusOr<SquareSum> total = SquareSum::FromBytes(agreement.total_sum_of_squares());
+  if (!total.ok()) {
+    return absl::DataLossError(absl::StrCat("norm agreement from the coordinator (shard 0): ", total.status().message()));
+  }
+  StepNorm agreed;
+  agreed.sum_of_squares = *total;
+  agreed.non_finite = agreement.non_finite();
   agreed.checkpoint_steps.assign(agreement.common_checkpoint_steps().begin(),
                                  agreement.common_checkpoint_steps().end());
   return agreed;
@@ -256,7 +263,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   if (spec.resume_step >= 0 && spec.start_fresh) {
     return absl::InvalidArgumentError("a resume step and a fresh start exclude each other");
   }
-  ASSIGN_OR_RETURN(server->state_, ShardState::Create(spec.job, spec.shard_index));
+  {
+    std::optional<InitialWeights> initial;
+    if (!spec.init_from.empty()) {
+      ASSIGN_OR_RETURN(initial, InitialWeights::Load(spec.init_from, spec.job.model));
+      spec.job.init_fingerprint = initial->fingerprint();
+    }
+    ASSIGN_OR_RETURN(server->state_,
+                     ShardState::Create(spec.job, spec.shard_index, initial ? &*initial : nullptr));
+  }
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   impl.authenticator = std::move(authenticator);

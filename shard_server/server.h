@@ -55,6 +55,12 @@ class ShardServer {
     /// at another step than `job.optimizer.total_steps` (the schedule is
     /// re-stretched to the new end; without it such a resume is refused).
     bool allow_schedule_change = false;
+    /// A safetensors file whose values start the job, in place of the
+    /// layout's initialisation rules (fine-tuning, or a layout's "given"
+    /// tensors); it must hold exactly the layout's tensors. Its fingerprint
+    /// joins the job's, so every server of a job must start from the same
+    /// weights. A checkpoint to resume from still wins. Empty: none.
+    std::string init_from;
     /// TLS and token settings: how this server serves, which callers it
     /// accepts (common/security), and how it calls shard 0 (as a server).
     SecurityOptions security;

@@ -5,12 +5,15 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/signals.h"
 #include "common/security/flags.h"
 #include "shard_server/server.h"
+#include "common/layout_file.h"
+#include "trainer_client/model/gpt_spec.h"
 #include "common/memory_policy.h"
 
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "host:port to listen on (port 0: any free port)");
@@ -25,6 +28,13 @@ ABSL_FLAG(std::string, coordinator, "", "host:port of shard 0 (required on other
 ABSL_FLAG(std::string, advertise_address, "",
           "host:port others reach this server at, told to shard 0 so that `pshard status` given one server "
           "finds the rest (default: the address shard 0 sees this server's calls from, and its port)");
+ABSL_FLAG(std::string, layout, "",
+          "the job's layout: a JSON file of units of named tensors (`pshard layout` writes a GPT's; the PyTorch "
+          "bridge writes a module's); empty: the GPT of --layers, --d_model, --heads, --context and --vocab");
+ABSL_FLAG(std::string, init_from, "",
+          "start the job from these weights (a .safetensors file holding exactly the layout's tensors, F32 or "
+          "BF16) instead of the layout's initialisation rules; every server of the job must be given the same "
+          "file, and a checkpoint to resume from still wins");
 ABSL_FLAG(int, layers, 4, "transformer blocks");
 ABSL_FLAG(int, d_model, 128, "model width");
 ABSL_FLAG(int, heads, 4, "attention heads");
@@ -64,6 +74,43 @@ ABSL_FLAG(bool, allow_schedule_change, false,
           "to the new end (the learning rate jumps); without it such a resume is refused");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
 
+namespace {
+
+// Whether the command line names flag `name` (--name=v, --name v, -name).
+bool OnCommandLine(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    arg = arg.substr(arg.find_first_not_of('-') == std::string::npos ? arg.size() : arg.find_first_not_of('-'));
+    if (arg.substr(0, arg.find('=')) == name) return true;
+  }
+  return false;
+}
+
+// The layout file of --layout, or the GPT the size flags describe; both
+// at once is an error.
+absl::StatusOr<pshard::ModelSpec> JobLayoutFromFlags(int argc, char** argv) {
+  const std::string path = absl::GetFlag(FLAGS_layout);
+  if (path.empty()) {
+    pshard::GptConfig gpt;
+    gpt.num_layers = absl::GetFlag(FLAGS_layers);
+    gpt.d_model = absl::GetFlag(FLAGS_d_model);
+    gpt.num_heads = absl::GetFlag(FLAGS_heads);
+    gpt.context = absl::GetFlag(FLAGS_context);
+    gpt.vocab = absl::GetFlag(FLAGS_vocab);
+    return pshard::MakeGptSpec(gpt);
+  }
+  for (const char* name : {"layers", "d_model", "heads", "context", "vocab"}) {
+    if (OnCommandLine(argc, argv, name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " describes a GPT, and --layout gives the layout: pass one or the other"));
+    }
+  }
+  return pshard::ReadLayoutFile(path);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pshard-server --shard_index=I --num_shards=N --num_trainers=M ...");
   absl::ParseCommandLine(argc, argv);
@@ -72,11 +119,13 @@ int main(int argc, char** argv) {
   pshard::CallOnTerminationSignal([](int) { stop.Notify(); });
 
   pshard::ShardServer::Spec spec;
-  spec.job.model.num_layers = absl::GetFlag(FLAGS_layers);
-  spec.job.model.d_model = absl::GetFlag(FLAGS_d_model);
-  spec.job.model.num_heads = absl::GetFlag(FLAGS_heads);
-  spec.job.model.context = absl::GetFlag(FLAGS_context);
-  spec.job.model.vocab = absl::GetFlag(FLAGS_vocab);
+  absl::StatusOr<pshard::ModelSpec> layout = JobLayoutFromFlags(argc, argv);
+  if (!layout.ok()) {
+    std::fprintf(stderr, "pshard-server: %s\n", std::string(layout.status().message()).c_str());
+    return 2;
+  }
+  spec.job.model = *std::move(layout);
+  spec.init_from = absl::GetFlag(FLAGS_init_from);
   spec.job.optimizer.lr = absl::GetFlag(FLAGS_lr);
   spec.job.optimizer.min_lr = absl::GetFlag(FLAGS_min_lr);
   spec.job.optimizer.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
+#include "common/layout_file.h"
 #include "common/status_macros.h"
 #include "common/optimizer.h"
 #include "common/reduction_tree.h"
@@ -91,23 +92,40 @@ struct ShardState::UnitState {
 };
 
 ShardState::ShardState(JobConfig job, JobLayout layout, int shard_index)
-    : job_(std::move(job)), layout_(std::move(layout)), shard_index_(shard_index) {}
+    : job_(std::move(job)),
+      layout_(std::move(layout)),
+      shard_index_(shard_index),
+      layout_words_(CheckpointLayoutWords(job_.model.model, LayoutFingerprint(job_.model), job_.num_shards,
+                                          job_.slice_alignment)),
+      layout_json_(FormatLayoutJson(job_.model, /*one_line=*/true)) {}
 
 ShardState::~ShardState() = default;
 
-absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& job,
-                                                               int shard_index) {
+absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& job, int shard_index,
+                                                               const InitialWeights* initial) {
   ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
   if (shard_index < 0 || shard_index >= job.num_shards) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard index ", shard_index, " is outside [0, ", job.num_shards, ")"));
+  }
+  const uint64_t given = initial == nullptr ? 0 : initial->fingerprint();
+  if (given != job.init_fingerprint) {
+    return absl::InvalidArgumentError(
+        job.init_fingerprint == 0
+            ? "initial weights were given for a job whose weights come from its layout's rules"
+            : absl::StrCat("the job starts from the initial weights ", FingerprintHex(job.init_fingerprint),
+                           given == 0 ? ", which were not given" : absl::StrCat(", not ", FingerprintHex(given))));
   }
   std::unique_ptr<ShardState> state(new ShardState(job, std::move(layout), shard_index));
   for (size_t u = 0; u < state->layout_.spec.units.size(); ++u) {
     const SliceRange slice = state->layout_.partitions[u].Slice(shard_index);
     auto unit = std::make_unique<UnitState>();
     unit->master->resize(slice.length);
-    InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, *unit->master);
+    if (initial != nullptr) {
+      initial->FillUnitRange(state->layout_.spec.units[u], slice.begin, *unit->master);
+    } else {
+      InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, *unit->master);
+    }
     unit->m.assign(slice.length, 0.0f);
     unit->v.assign(slice.length, 0.0f);
     unit->decay_runs = WeightDecayRuns(state->layout_.spec.units[u], slice.begin, slice.length);
@@ -362,14 +380,14 @@ StepNorm ShardState::FinishReduction() {
       for (float& g : mean) g = g / contributions;
       u->grad = ReductionValues(std::move(mean));
     }
-    norm.total_sum_of_squares += SumOfSquares(u->grad);
+    AddSquares(u->grad, &norm.sum_of_squares);
   }
   return norm;
 }
 
 StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
-  const bool skip = agreed.non_finite || !std::isfinite(agreed.total_sum_of_squares);
-  const double norm = std::sqrt(agreed.total_sum_of_squares);
+  const bool skip = agreed.non_finite || !std::isfinite(agreed.total());
+  const double norm = std::sqrt(agreed.total());
   int64_t step;
   int64_t update_count;
   {
@@ -427,17 +445,12 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
   return StepOutcome{step, skip, norm, adam.lr, norms.update_sum_of_squares, norms.weight_sum_of_squares};
 }
 
-std::string ShardState::LayoutDescription() const {
-  const GptConfig& m = job_.model;
-  return absl::StrCat("layers=", m.num_layers, " d_model=", m.d_model, " heads=", m.num_heads,
-                      " context=", m.context, " vocab=", m.vocab, " shards=", job_.num_shards,
-                      " alignment=", job_.slice_alignment);
-}
-
 absl::StatusOr<Checkpoint> ShardState::Snapshot() const {
   Checkpoint snapshot;
   CheckpointHeader& header = snapshot.header;
   header.layout = LayoutDescription();
+  header.layout_json = layout_json_;
+  header.slice_alignment = job_.slice_alignment;
   header.schedule_end = job_.optimizer.total_steps;
   header.shard_index = shard_index_;
   header.num_shards = job_.num_shards;

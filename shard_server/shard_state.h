@@ -22,8 +22,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
+#include "common/initial_weights.h"
 #include "common/job_config.h"
 #include "common/reduction_values.h"
+#include "common/square_sum.h"
 #include "common/wire_encoding.h"
 #include "shard_server/checkpoint.h"
 #include "shard_server/published_slice.h"
@@ -55,12 +57,18 @@ struct StepOutcome {
 
 /// The global agreement on one step's gradient.
 struct StepNorm {
-  double total_sum_of_squares = 0.0;
+  /// Of the averaged gradient: a shard's slices (partial) or every
+  /// shard's (agreed). Exact, so the agreed total is the same bits over
+  /// any number of shards.
+  SquareSum sum_of_squares;
   bool non_finite = false;
   std::string non_finite_source;  ///< where this shard saw one (local, not agreed)
   /// Partial: the steps whose checkpoint this shard holds on disk, sorted;
   /// agreed: the steps every shard holds.
   std::vector<int64_t> checkpoint_steps;
+
+  /// The sum rounded to a double: what clipping uses.
+  double total() const { return sum_of_squares.ToDouble(); }
 };
 
 /// A callback that runs at most once, whichever of publish, deadline or
@@ -83,8 +91,11 @@ inline constexpr int64_t kMaxVersionsAhead = 2;
 
 class ShardState {
  public:
-  /// Initialises every owned slice from the job's seed (independent of N).
-  static absl::StatusOr<std::unique_ptr<ShardState>> Create(const JobConfig& job, int shard_index);
+  /// Initialises every owned slice from the job's seed (independent of N),
+  /// or from `initial` (not kept), which a job with an initial-weights
+  /// file needs: its fingerprint must be the job's.
+  static absl::StatusOr<std::unique_ptr<ShardState>> Create(const JobConfig& job, int shard_index,
+                                                            const InitialWeights* initial = nullptr);
   ~ShardState();
 
   const JobConfig& job() const { return job_; }
@@ -142,8 +153,8 @@ class ShardState {
   /// Blocks until every contribution of the current step is in, or until
   /// `deadline` (returns DeadlineExceeded describing what is missing).
   absl::Status AwaitContributions(absl::Time deadline);
-  /// Averages the reduced gradients and returns this shard's sum of squares
-  /// (units in order) and whether a non-finite contribution was seen.
+  /// Averages the reduced gradients and returns this shard's exact sum of
+  /// squares and whether a non-finite contribution was seen.
   StepNorm FinishReduction();
   /// Applies AdamW with the agreed norm (or skips the update when it is not
   /// finite), publishes version step+1 unit by unit, and opens the next step.
@@ -162,9 +173,9 @@ class ShardState {
 
   // ---- checkpoints (call between steps: from the step driver, or before
   // serving / after it stopped) ----
-  /// The partition this shard's slices belong to, in words; a checkpoint
-  /// restores only onto the same.
-  std::string LayoutDescription() const;
+  /// The partition this shard's slices belong to, in words
+  /// (CheckpointLayoutWords); a checkpoint restores only onto the same.
+  const std::string& LayoutDescription() const { return layout_words_; }
   /// Writes this shard's master slices and moments at the current step into
   /// `dir`, keeping the newest `keep` checkpoints and `protected_step` (see
   /// WriteCheckpoint); returns the file's path.
@@ -211,6 +222,8 @@ class ShardState {
   const JobConfig job_;
   const JobLayout layout_;
   const int shard_index_;
+  const std::string layout_words_;
+  const std::string layout_json_;  // one line, stored in checkpoints
   std::vector<std::unique_ptr<UnitState>> units_;
   /// Formats besides fp32 that fetches have asked for: published for every version.
   std::vector<WireFormat> FormatsInUse() const;

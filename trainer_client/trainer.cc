@@ -57,10 +57,6 @@ absl::Status Trainer::CheckOptions(const ShardClient& client, const TrainerOptio
         "fetching once per step runs all micro-batches in one pass and pushes their sum: it needs a job that "
         "accumulates on the trainer (accumulate_on_trainer)");
   }
-  if (options.seq_len > client.job().model.context) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence length ", options.seq_len,
-                                                   " exceeds the model context ", client.job().model.context));
-  }
   return absl::OkStatus();
 }
 

@@ -114,8 +114,8 @@ absl::StatusOr<Timing> Measure(const ModelSpec& spec, const DeviceUnits& units, 
   ASSIGN_OR_RETURN(std::unique_ptr<CudaGpt> model, CudaGpt::Create(spec, options));
   std::vector<int32_t> tokens(static_cast<size_t>(batch) * seq_len), targets(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<int32_t>(CounterHash(7, 1, i) % spec.config.vocab);
-    targets[i] = static_cast<int32_t>(CounterHash(7, 2, i) % spec.config.vocab);
+    tokens[i] = static_cast<int32_t>(CounterHash(7, 1, i) % GptConfigFromSpec(spec).value().vocab);
+    targets[i] = static_cast<int32_t>(CounterHash(7, 2, i) % GptConfigFromSpec(spec).value().vocab);
   }
   RETURN_IF_ERROR(model->SetBatch(tokens, targets));
   cudaStream_t stream = nullptr;

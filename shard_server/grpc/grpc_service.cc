@@ -439,14 +439,23 @@ grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContex
                                                    request->step(), "; the coordinator is at step ", current)));
     return reactor;
   }
-  StepNorm partial{request->sum_of_squares(), request->non_finite()};
+  absl::StatusOr<SquareSum> squares = SquareSum::FromBytes(request->sum_of_squares());
+  if (!squares.ok()) {
+    FinishUnary(reactor, RpcMethod::kAgreeNorm, start,
+                absl::InvalidArgumentError(absl::StrCat("shard ", request->shard_index(), " reports step ",
+                                                        request->step(), ": ", squares.status().message())));
+    return reactor;
+  }
+  StepNorm partial;
+  partial.sum_of_squares = *squares;
+  partial.non_finite = request->non_finite();
   partial.checkpoint_steps.assign(request->checkpoint_steps().begin(), request->checkpoint_steps().end());
   const int64_t step = request->step();
   coordinator_->Report(step, request->shard_index(), partial, WaitDeadline(ctx, options_.norm_wait_limit),
                        [this, reactor, response, step, start](absl::StatusOr<StepNorm> total) {
                          if (total.ok()) {
                            response->set_step(step);
-                           response->set_total_sum_of_squares(total->total_sum_of_squares);
+                           response->set_total_sum_of_squares(total->sum_of_squares.ToBytes());
                            response->set_non_finite(total->non_finite);
                            for (int64_t s : total->checkpoint_steps) response->add_common_checkpoint_steps(s);
                          }

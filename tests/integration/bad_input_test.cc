@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "common/square_sum.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
 #include "tests/testutil/local_cluster.h"
@@ -585,7 +586,10 @@ TEST_F(BadInputTest, FarFutureFetchesAndNormReportsAreRefusedAtOnce) {
     v1::NormReport report;
     report.set_shard_index(1);
     report.set_step(step);
-    report.set_sum_of_squares(1e30);
+    SquareSum large;
+    const float gradient = 1e15f;
+    large.AddSquares(std::span<const float>(&gradient, 1));
+    report.set_sum_of_squares(large.ToBytes());
     report.set_job_fingerprint(JobFingerprint(TinyJob()));
     v1::NormAgreement agreement;
     EXPECT_STATUS(stub(0)->AgreeNorm(&ctx, report, &agreement), OUT_OF_RANGE, "the coordinator is at step 1");

@@ -256,7 +256,8 @@ TEST(CheckpointResume, ADifferentModelIsRefusedAndTheFilesStay) {
   const std::string file = (std::filesystem::path(dir) / CheckpointFileName(0, 2, 2)).string();
   const std::vector<char> before = ReadBytes(file);
   JobConfig wider = job;
-  wider.model.d_model = 32;
+  wider.model = MakeGptSpec(GptConfig{.num_layers = 2, .d_model = 32, .num_heads = 2, .context = 8, .vocab = 256})
+                    .value();
   auto refused = LocalCluster::Start(wider, WithCheckpoints(dir, 1));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -358,9 +359,10 @@ TEST(CheckpointFolder, AnotherShardCountIsRefusedNamingBothLayoutsAndNothingIsWr
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("holds checkpoints of another layout"));
   EXPECT_THAT(refused.status().message(), HasSubstr("shards=3"));
-  EXPECT_THAT(refused.status().message(), HasSubstr("this server runs layers=2"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("this server runs gpt layers=2"));
   EXPECT_THAT(refused.status().message(), HasSubstr("shards=4"));
   EXPECT_THAT(refused.status().message(), HasSubstr("another --checkpoint_dir"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("pshard reshard"));
   EXPECT_THAT(refused.status().message(), HasSubstr("--start_fresh"));
   EXPECT_EQ(FolderContents(dir), before);
 }

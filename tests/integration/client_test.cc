@@ -18,13 +18,14 @@
 #include "tests/testutil/tiny_job.h"
 #include "tools/cluster_status.h"
 #include "trainer_client/trainer.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::testing {
 namespace {
 
 JobConfig SmallJob(int shards, int trainers, uint64_t seed = 1) {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 1, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 64};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 64}).value();
   job.num_shards = shards;
   job.num_trainers = trainers;
   job.seed = seed;
@@ -129,7 +130,7 @@ TEST(ClientTest, CoordinatorRefusesANormReportFromAnotherJob) {
 // times the message limit.
 JobConfig WideJob(int trainers) {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 1, .d_model = 640, .num_heads = 4, .context = 8, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = 640, .num_heads = 4, .context = 8, .vocab = 256}).value();
   job.num_shards = 1;
   job.num_trainers = trainers;
   return job;

@@ -10,6 +10,7 @@
 #include "tests/testutil/tiny_job.h"
 #include "trainer_client/gpu_plugin.h"
 #include "trainer_client/trainer.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::testing {
 namespace {
@@ -24,7 +25,7 @@ constexpr int kSteps = 4;
 
 JobConfig Job() {
   JobConfig job = TinyGptJob(2, 1, kSteps);
-  job.model = GptConfig{.num_layers = 2, .d_model = 64, .num_heads = 4, .context = 32, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 2, .d_model = 64, .num_heads = 4, .context = 32, .vocab = 256}).value();
   return job;
 }
 

@@ -21,9 +21,7 @@ constexpr uint64_t kValSeed = 3;
 // of `data`, sampled as Evaluate does.
 double ReferenceLoss(const JobConfig& job, const TrainerOptions& t, const std::vector<std::vector<float>>& weights,
                      const TokenDataset& data, int batches) {
-  absl::StatusOr<ModelSpec> spec = MakeGptSpec(job.model);
-  EXPECT_TRUE(spec.ok());
-  absl::StatusOr<CpuGpt<float>> model = CpuGpt<float>::Create(*spec, t.batch, t.seq_len);
+  absl::StatusOr<CpuGpt<float>> model = CpuGpt<float>::Create(job.model, t.batch, t.seq_len);
   EXPECT_TRUE(model.ok()) << model.status();
   std::vector<int32_t> tokens(t.batch * t.seq_len), targets(t.batch * t.seq_len);
   double sum = 0.0;

@@ -86,8 +86,8 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, ReshardAfterForwardTest, ::testing::Valu
 PlanInput PlanInputOf(const JobConfig& job, const TrainerOptions& trainer, const WireEncodings& encodings,
                       int group) {
   PlanInput in;
-  in.spec = MakeGptSpec(job.model).value();
-  in.shape = job.model;
+  in.spec = job.model;
+  in.shape = GptConfigFromSpec(job.model).value();
   in.servers = job.num_shards;
   in.trainers = job.num_trainers;
   in.group = group;

@@ -25,6 +25,7 @@
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/trainer_metrics.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::testing {
 namespace {
@@ -57,7 +58,7 @@ const std::set<std::string>& NonBaseUnits() {
 
 JobConfig TinyJob() {
   JobConfig job;
-  job.model = GptConfig{.num_layers = kLayers, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = kLayers, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256}).value();
   job.optimizer.total_steps = 10;
   job.num_shards = kShards;
   job.num_trainers = kTrainers;

@@ -75,9 +75,8 @@ TEST(PublishedVersionsTest, SlowAndAbandonedFetchesNeverSeeAnotherVersionsBytes)
   // Slices of several MiB: far more than gRPC's flow-control window, so a
   // reader that pauses gets most of its chunks after the step is applied.
   JobConfig job = TinyGptJob(2, 1, kSteps);
-  job.model.num_layers = 1;
-  job.model.d_model = 512;
-  job.model.num_heads = 8;
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = 512, .num_heads = 8, .context = 8, .vocab = 256})
+                  .value();
   auto cluster = LocalCluster::Start(job, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto reader = (*cluster)->Connect(-1, WireEncoding::kFp32);

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/security/security.h"
 #include "gtest/gtest.h"
+#include "common/square_sum.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/server_metrics.h"
@@ -185,7 +186,10 @@ grpc::Status Call(v1::ShardService::Stub* stub, RpcMethod method, const ShardSta
       v1::NormReport request;
       request.set_shard_index(1);
       request.set_step(0);
-      request.set_sum_of_squares(1e30);
+      SquareSum large;
+    const float gradient = 1e15f;
+    large.AddSquares(std::span<const float>(&gradient, 1));
+    request.set_sum_of_squares(large.ToBytes());
       request.set_job_fingerprint(JobFingerprint(state.job()));
       v1::NormAgreement response;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));

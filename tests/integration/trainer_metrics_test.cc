@@ -11,13 +11,14 @@
 #include "trainer_client/data/default_corpus.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/trainer_metrics.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard::testing {
 namespace {
 
 JobConfig SmallJob() {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 64, .num_heads = 2, .context = 32, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 2, .d_model = 64, .num_heads = 2, .context = 32, .vocab = 256}).value();
   job.num_shards = 2;
   job.num_trainers = 1;
   return job;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/reduction_tree.h"
+#include "common/square_sum.h"
 #include "common/status_macros.h"
 #include "common/optimizer.h"
 
@@ -135,17 +136,10 @@ absl::Status ReferenceTraining::Step(int64_t step) {
   for (auto& s : sum) {
     for (float& x : s) x = x / contributions;
   }
-  // The norm is summed shard by shard (units in order within a shard), as
-  // the servers' agreement does.
-  double total = 0.0;
-  for (int s = 0; s < job_.num_shards; ++s) {
-    double partial = 0.0;
-    for (size_t u = 0; u < units; ++u) {
-      const SliceRange slice = layout_.partitions[u].Slice(s);
-      partial += SumOfSquares(std::span<const float>(sum[u].data() + slice.begin, slice.length));
-    }
-    total += partial;
-  }
+  // The norm is exact: the same whatever the shards' share of it.
+  SquareSum squares;
+  for (size_t u = 0; u < units; ++u) squares.AddSquares(sum[u]);
+  const double total = squares.ToDouble();
   if (non_finite || !std::isfinite(total)) {
     ++skipped_;
     return absl::OkStatus();

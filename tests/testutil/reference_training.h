@@ -4,7 +4,7 @@
 // (quantized slice by slice, as each server's slice is, with each trainer's
 // error-feedback residual carried from push to push), contributions summed in the canonical tree order (per micro-batch over
 // ranks, then over micro-batches; or, when trainers accumulate, over their
-// micro-batches first), the norm summed shard by shard.
+// micro-batches first), the norm summed exactly.
 #ifndef PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 #define PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/job_config.h"
+#include "trainer_client/model/gpt_spec.h"
 #include "trainer_client/data/dataset.h"
 #include "trainer_client/trainer.h"
 
@@ -16,7 +17,7 @@ namespace pshard::testing {
 /// with the cosine schedule ending at `steps`.
 inline JobConfig TinyGptJob(int shards, int trainers, int64_t steps = 5) {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 2, .d_model = 16, .num_heads = 2, .context = 8, .vocab = 256}).value();
   job.optimizer.lr = 1e-2;
   job.optimizer.min_lr = 1e-3;
   job.optimizer.warmup_steps = 2;

@@ -31,8 +31,7 @@ void Zero(std::vector<T>& v) {
 template <typename T>
 absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, int seq_len,
                                             bool recompute_blocks) {
-  const GptConfig& cfg = spec.config;
-  RETURN_IF_ERROR(cfg.Validate());
+  ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(spec));
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batch of ", batch, " x ", seq_len,
@@ -43,6 +42,7 @@ absl::StatusOr<CpuGpt<T>> CpuGpt<T>::Create(const ModelSpec& spec, int batch, in
   const int64_t v = cfg.vocab;
   CpuGpt model;
   model.spec_ = spec;
+  model.config_ = cfg;
   model.batch_ = batch;
   model.seq_len_ = seq_len;
   model.recompute_ = recompute_blocks;
@@ -97,7 +97,7 @@ absl::Status CpuGpt<T>::SetBatch(std::span<const int32_t> tokens,
     return absl::InvalidArgumentError(absl::StrCat("expected ", n, " tokens and targets, got ",
                                                    tokens.size(), " and ", targets.size()));
   }
-  const int vocab = spec_.config.vocab;
+  const int vocab = config_.vocab;
   for (size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab || targets[i] < 0 || targets[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " or target ", targets[i],
@@ -160,7 +160,7 @@ void CpuGpt<T>::BackwardUnit(int unit, std::span<const T> weights, std::span<T> 
 template <typename T>
 void CpuGpt<T>::EmbedForward(const T* w) {
   EncoderForward(residuals_[0].data(), tokens_.data(), w + embed_.wte, w + embed_.wpe, batch_,
-                 seq_len_, spec_.config.d_model);
+                 seq_len_, config_.d_model);
 }
 
 template <typename T>
@@ -171,7 +171,7 @@ void CpuGpt<T>::BlockForward(int layer, const T* w) {
   scratch_layer_ = layer;
   // out = residual2 + proj(gelu(fc(ln2(residual2)))).
   const int n = rows();
-  const int c = spec_.config.d_model;
+  const int c = config_.d_model;
   T* out = residuals_[layer + 1].data();
   LinearForward(out, a.fch_gelu.data(), w + p.mlp_proj_w, w + p.mlp_proj_b, n, 4 * c, c);
   ResidualForward(out, out, a.residual2.data(), int64_t{n} * c);
@@ -181,14 +181,14 @@ template <typename T>
 void CpuGpt<T>::BlockInternalsForward(int layer, const T* w, BlockActivations& a) {
   const BlockLayout& p = block_layouts_[layer];
   const int n = rows();
-  const int c = spec_.config.d_model;
+  const int c = config_.d_model;
   const T* in = residuals_[layer].data();
   // Attention branch: residual2 = in + proj(attention(qkv(ln1(in)))).
   LayerNormForward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, w + p.ln1_w, w + p.ln1_b,
                    n, c);
   LinearForward(a.qkv.data(), a.ln1.data(), w + p.qkv_w, w + p.qkv_b, n, c, 3 * c);
   AttentionForward(a.atty.data(), a.att.data(), a.qkv.data(), batch_, seq_len_, c,
-                   spec_.config.num_heads);
+                   config_.num_heads);
   LinearForward(a.residual2.data(), a.atty.data(), w + p.attn_proj_w, w + p.attn_proj_b, n, c, c);
   ResidualForward(a.residual2.data(), a.residual2.data(), in, int64_t{n} * c);
   // MLP branch up to its hidden activation: gelu(fc(ln2(residual2))).
@@ -201,8 +201,8 @@ void CpuGpt<T>::BlockInternalsForward(int layer, const T* w, BlockActivations& a
 template <typename T>
 void CpuGpt<T>::HeadForward(const T* w) {
   const int n = rows();
-  const int c = spec_.config.d_model;
-  const int v = spec_.config.vocab;
+  const int c = config_.d_model;
+  const int v = config_.vocab;
   LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residuals_.back().data(),
                    w + head_.lnf_w, w + head_.lnf_b, n, c);
   // The logits are written into probs_ and replaced there by their softmax.
@@ -219,8 +219,8 @@ void CpuGpt<T>::HeadForward(const T* w) {
 template <typename T>
 void CpuGpt<T>::HeadBackward(const T* w, T* dw) {
   const int n = rows();
-  const int c = spec_.config.d_model;
-  const int v = spec_.config.vocab;
+  const int c = config_.d_model;
+  const int v = config_.vocab;
   Zero(dlogits_);
   SoftmaxCrossEntropyBackward(dlogits_.data(), probs_.data(), targets_.data(), T(1), n, v);
   Zero(dln_);
@@ -241,7 +241,7 @@ void CpuGpt<T>::BlockBackward(int layer, const T* w, T* dw) {
     scratch_layer_ = layer;
   }
   const int n = rows();
-  const int c = spec_.config.d_model;
+  const int c = config_.d_model;
   T* dres = dresidual_.data();
   // MLP branch; afterwards dres holds the gradient wrt residual2.
   Zero(dfch_gelu_);
@@ -260,7 +260,7 @@ void CpuGpt<T>::BlockBackward(int layer, const T* w, T* dw) {
                  w + p.attn_proj_w, n, c, c);
   Zero(dqkv_);
   AttentionBackward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv.data(), a.att.data(), batch_,
-                    seq_len_, c, spec_.config.num_heads);
+                    seq_len_, c, config_.num_heads);
   Zero(dln_);
   LinearBackward(dln_.data(), dw + p.qkv_w, dw + p.qkv_b, dqkv_.data(), a.ln1.data(), w + p.qkv_w,
                  n, c, 3 * c);
@@ -271,7 +271,7 @@ void CpuGpt<T>::BlockBackward(int layer, const T* w, T* dw) {
 template <typename T>
 void CpuGpt<T>::EmbedBackward(T* dw) {
   EncoderBackward(dw + embed_.wte, dw + embed_.wpe, dresidual_.data(), tokens_.data(), batch_,
-                  seq_len_, spec_.config.d_model);
+                  seq_len_, config_.d_model);
 }
 
 template <typename T>
@@ -297,13 +297,13 @@ int64_t CpuGpt<T>::ActivationBytes() const {
 
 template <typename T>
 double CpuGpt<T>::FlopsPerMicroBatch() const {
-  return GptModelFlops(spec_.config, batch_, seq_len_);
+  return GptModelFlops(config_, batch_, seq_len_);
 }
 
 template <typename T>
 double CpuGpt<T>::RecomputeFlopsPerMicroBatch() const {
   if (!recompute_) return 0.0;
-  const GptConfig& cfg = spec_.config;
+  const GptConfig& cfg = config_;
   const double c = cfg.d_model;
   // The last block's backward finds its internals still in the scratch.
   const int recomputed = cfg.num_layers - 1;

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
 #include "trainer_client/model/gpt_layout.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard {
 
@@ -139,6 +140,7 @@ class CpuGpt {
   BlockActivations& Internals(int layer) { return blocks_[recompute_ ? 0 : layer]; }
 
   ModelSpec spec_;
+  GptConfig config_;
   int batch_ = 0;
   int seq_len_ = 0;
   EmbedLayout embed_{};

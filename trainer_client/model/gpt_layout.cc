@@ -25,7 +25,7 @@ absl::StatusOr<int64_t> TensorOffset(const UnitSpec& unit, const std::string& na
 }  // namespace
 
 absl::StatusOr<GptLayout> MakeGptLayout(const ModelSpec& spec) {
-  const GptConfig& cfg = spec.config;
+  ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(spec));
   if (static_cast<int>(spec.units.size()) != cfg.num_layers + 2) {
     return absl::InvalidArgumentError(absl::StrCat("a GPT of ", cfg.num_layers, " layers has ", cfg.num_layers + 2,
                                                    " units; the spec has ", spec.units.size()));

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model_spec.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard {
 

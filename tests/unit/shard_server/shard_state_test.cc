@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainer_client/model/gpt_spec.h"
 
 namespace pshard {
 namespace {
@@ -28,7 +29,7 @@ using ::testing::Not;
 // Units: embed (160 elements), block0 (872), head (144).
 JobConfig SmallJob(int shards, int trainers) {
   JobConfig job;
-  job.model = GptConfig{.num_layers = 1, .d_model = 8, .num_heads = 2, .context = 4, .vocab = 16};
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = 8, .num_heads = 2, .context = 4, .vocab = 16}).value();
   job.optimizer.lr = 1e-2;
   job.optimizer.min_lr = 1e-3;
   job.optimizer.warmup_steps = 2;  // lr(0) = lr / 2, lr(1) = lr
@@ -178,7 +179,8 @@ TEST(ShardStateTest, StepAveragesContributionsAndAppliesAdamW) {
   }
   // The other shard's share of the norm: large at step 0 (so clipping
   // engages, and only through the agreed norm), small at step 1.
-  const double other_shard_sum_of_squares[] = {4.0, 1e-4};
+  // (2^2 and 0.01^2, as squares of floats.)
+  const float other_shard_gradient[] = {2.0f, 0.01f};
   for (int64_t step = 0; step < 2; ++step) {
     ASSERT_NO_FATAL_FAILURE(ContributeAll(*state, step, {0, 1, 2}));
     ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
@@ -197,10 +199,12 @@ TEST(ShardStateTest, StepAveragesContributionsAndAppliesAdamW) {
     }
     const StepNorm partial = state->FinishReduction();
     EXPECT_FALSE(partial.non_finite);
-    EXPECT_NEAR(partial.total_sum_of_squares, sum_of_squares, 1e-6 * sum_of_squares);
+    EXPECT_NEAR(partial.total(), sum_of_squares, 1e-6 * sum_of_squares);
 
-    StepNorm agreed{partial.total_sum_of_squares + other_shard_sum_of_squares[step], false};
-    const double norm = std::sqrt(agreed.total_sum_of_squares);
+    StepNorm agreed;
+    agreed.sum_of_squares = partial.sum_of_squares;
+    agreed.sum_of_squares.AddSquares(std::span<const float>(&other_shard_gradient[step], 1));
+    const double norm = std::sqrt(agreed.total());
     const double clip = std::min(1.0, job.optimizer.grad_clip / (norm + 1e-6));
     EXPECT_EQ(clip < 0.6, step == 0) << "clipping engages at step 0 only";
     state->ApplyStep(agreed);
@@ -254,7 +258,7 @@ TEST(ShardStateTest, DeterministicModeIgnoresArrivalOrder) {
   }
   const StepNorm a = in_order->FinishReduction();
   const StepNorm b = shuffled->FinishReduction();
-  EXPECT_EQ(std::memcmp(&a.total_sum_of_squares, &b.total_sum_of_squares, sizeof(double)), 0);
+  EXPECT_TRUE(a.sum_of_squares == b.sum_of_squares);
   in_order->ApplyStep(a);
   shuffled->ApplyStep(b);
   for (int u = 0; u < in_order->num_units(); ++u) {
@@ -293,7 +297,7 @@ TEST(ShardStateTest, ContributeRefusesBadPushesAndIgnoresDuplicates) {
   ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
   // Only the first push of (trainer 0, unit 1) counts: average 0.25 over n.
   const StepNorm norm = state->FinishReduction();
-  EXPECT_DOUBLE_EQ(norm.total_sum_of_squares, 0.0625 * static_cast<double>(n));
+  EXPECT_EQ(norm.total(), 0.0625 * static_cast<double>(n));
   state->ApplyStep(norm);
   EXPECT_EQ(state->CheckPush(Id(0, 0, 1)).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(state->CheckPush(Id(0, 0, 1)).message(), HasSubstr("already applied"));
@@ -328,7 +332,7 @@ TEST(ShardStateTest, NonFiniteContributionSkipsTheUpdate) {
     ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
     const StepNorm partial = state->FinishReduction();
     EXPECT_TRUE(partial.non_finite);
-    EXPECT_TRUE(std::isfinite(partial.total_sum_of_squares)) << "the bad values must be dropped";
+    EXPECT_TRUE(std::isfinite(partial.total())) << "the bad values must be dropped";
     state->ApplyStep(partial);
     EXPECT_EQ(state->current_step(), 1);
     for (int u = 0; u < state->num_units(); ++u) {

@@ -180,8 +180,8 @@ std::unique_ptr<CudaGpt> MakeGpuModel(const ModelSpec& spec, const CudaGptOption
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
   const int n = options.batch * options.seq_len;
-  const absl::Status status = (*model)->SetBatch(RandomTokens(n, spec.config.vocab, 1),
-                                                 RandomTokens(n, spec.config.vocab, 2));
+  const absl::Status status = (*model)->SetBatch(RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 1),
+                                                 RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 2));
   EXPECT_TRUE(status.ok()) << status;
   return std::move(*model);
 }
@@ -204,7 +204,7 @@ void ExpectMatchesCpuModel(const ModelSpec& spec, const CudaGptOptions& options,
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   const int n = options.batch * options.seq_len;
   ASSERT_TRUE(
-      cpu->SetBatch(RandomTokens(n, spec.config.vocab, 1), RandomTokens(n, spec.config.vocab, 2))
+      cpu->SetBatch(RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 1), RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 2))
           .ok());
   std::vector<std::vector<float>> cpu_grads;
   absl::StatusOr<float> cpu_loss = LossAndGradients(*cpu, weights, &cpu_grads);
@@ -296,13 +296,13 @@ TEST(CudaGptTest, RunsAreBitIdenticalOnOneOrSeveralStreams) {
   // Another batch in between, so nothing can be left over from the first.
   const int n = kBatch * kSeqLen;
   ASSERT_TRUE(
-      model->SetBatch(RandomTokens(n, spec.config.vocab, 3), RandomTokens(n, spec.config.vocab, 4))
+      model->SetBatch(RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 3), RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 4))
           .ok());
   GpuResult other;
   ASSERT_NO_FATAL_FAILURE(RunGpu(*model, spec, weights, {streams[0]}, &other));
   EXPECT_NE(other.loss, first.loss);
   ASSERT_TRUE(
-      model->SetBatch(RandomTokens(n, spec.config.vocab, 1), RandomTokens(n, spec.config.vocab, 2))
+      model->SetBatch(RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 1), RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 2))
           .ok());
   GpuResult again;
   ASSERT_NO_FATAL_FAILURE(RunGpu(*model, spec, weights, {streams[0]}, &again));
@@ -399,7 +399,7 @@ TEST(CudaGptTest, Bf16ConversionMatchesHost) {
 TEST(CudaGptTest, ReportsMisuse) {
   if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
   const ModelSpec spec = SmallSpec();
-  EXPECT_EQ(CudaGpt::Create(spec, Options(spec.config.context + 1)).status().code(),
+  EXPECT_EQ(CudaGpt::Create(spec, Options(GptConfigFromSpec(spec).value().context + 1)).status().code(),
             absl::StatusCode::kInvalidArgument);
   CudaGptOptions no_batch = Options();
   no_batch.batch = 0;
@@ -418,11 +418,11 @@ TEST(CudaGptTest, ReportsMisuse) {
             absl::StatusCode::kFailedPrecondition);  // no batch yet
 
   const int n = kBatch * kSeqLen;
-  std::vector<int32_t> tokens = RandomTokens(n, spec.config.vocab, 1);
-  std::vector<int32_t> targets = RandomTokens(n, spec.config.vocab, 2);
+  std::vector<int32_t> tokens = RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 1);
+  std::vector<int32_t> targets = RandomTokens(n, GptConfigFromSpec(spec).value().vocab, 2);
   EXPECT_EQ(gpt.SetBatch(std::span(tokens).first(n - 1), targets).code(),
             absl::StatusCode::kInvalidArgument);
-  tokens[5] = spec.config.vocab;
+  tokens[5] = GptConfigFromSpec(spec).value().vocab;
   EXPECT_EQ(gpt.SetBatch(tokens, targets).code(), absl::StatusCode::kInvalidArgument);
   tokens[5] = 0;
   ASSERT_TRUE(gpt.SetBatch(tokens, targets).ok());

@@ -79,7 +79,7 @@ template <typename T>
 CpuGpt<T> MakeModel(const ModelSpec& spec) {
   absl::StatusOr<CpuGpt<T>> model = CpuGpt<T>::Create(spec, kBatch, kSeqLen);
   EXPECT_TRUE(model.ok()) << model.status();
-  const int vocab = spec.config.vocab;
+  const int vocab = GptConfigFromSpec(spec).value().vocab;
   EXPECT_TRUE(model
                   ->SetBatch(RandomTokens(kBatch * kSeqLen, vocab, 1),
                              RandomTokens(kBatch * kSeqLen, vocab, 2))
@@ -134,7 +134,7 @@ TEST(GptGradTest, EveryUnitMatchesFiniteDifferences) {
   // wte rows of tokens in the batch do get gradient; rows past seq_len of wpe do not.
   const TensorSpec* wpe = spec.units[0].Find(".wpe");
   ASSERT_NE(wpe, nullptr);
-  const int64_t c = spec.config.d_model;
+  const int64_t c = GptConfigFromSpec(spec).value().d_model;
   for (int64_t i = kSeqLen * c; i < wpe->numel; ++i) EXPECT_EQ(grads[0][wpe->offset + i], 0.0);
 }
 
@@ -148,7 +148,7 @@ TEST(GptGradTest, UnitByUnitWithPaddingMatchesWholeModel) {
   constexpr int kPadding = 5;
   constexpr double kSentinel = -123.0;
   const int units = model.num_units();
-  ASSERT_EQ(units, spec.config.num_layers + 2);
+  ASSERT_EQ(units, GptConfigFromSpec(spec).value().num_layers + 2);
   std::vector<std::vector<double>> padded = weights;
   for (std::vector<double>& w : padded) w.insert(w.end(), kPadding, 1e30);  // ignored
   for (int u = 0; u < units; ++u) model.ForwardUnit(u, padded[u]);
@@ -212,14 +212,14 @@ TEST(GptGradTest, InitialLossIsNearLogVocab) {
   const float loss = LossAndGradients(model, InitialWeights<float>(spec), nullptr).value();
   // Logits start with a standard deviation of about 0.02 * sqrt(d_model) =
   // 0.08, which raises the expected loss above log(V) by about 0.08^2 / 2.
-  EXPECT_NEAR(loss, std::log(static_cast<double>(spec.config.vocab)), 0.02);
+  EXPECT_NEAR(loss, std::log(static_cast<double>(GptConfigFromSpec(spec).value().vocab)), 0.02);
 }
 
 TEST(GptGradTest, RejectsBadArguments) {
   const ModelSpec spec = TinySpec();
   EXPECT_FALSE(CpuGpt<float>::Create(spec, 0, 4).ok());
   EXPECT_FALSE(CpuGpt<float>::Create(spec, 2, 0).ok());
-  EXPECT_FALSE(CpuGpt<float>::Create(spec, 2, spec.config.context + 1).ok());
+  EXPECT_FALSE(CpuGpt<float>::Create(spec, 2, GptConfigFromSpec(spec).value().context + 1).ok());
   ModelSpec truncated = spec;
   truncated.units.pop_back();
   EXPECT_FALSE(CpuGpt<float>::Create(truncated, 2, 4).ok());
@@ -230,7 +230,7 @@ TEST(GptGradTest, RejectsBadArguments) {
   EXPECT_EQ(model.SetBatch(std::vector<int32_t>(7, 3), ok).code(),
             absl::StatusCode::kInvalidArgument);
   std::vector<int32_t> bad = ok;
-  bad[5] = spec.config.vocab;
+  bad[5] = GptConfigFromSpec(spec).value().vocab;
   EXPECT_EQ(model.SetBatch(ok, bad).code(), absl::StatusCode::kInvalidArgument);
   bad[5] = -1;
   EXPECT_EQ(model.SetBatch(bad, ok).code(), absl::StatusCode::kInvalidArgument);

@@ -80,7 +80,7 @@ std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t stream) {
 template <typename T>
 T RunMicroBatch(CpuGpt<T>& model, const ModelSpec& spec, int rows, uint64_t stream,
                 const std::vector<std::vector<T>>& weights, std::vector<std::vector<T>>* grads) {
-  const int vocab = spec.config.vocab;
+  const int vocab = GptConfigFromSpec(spec).value().vocab;
   EXPECT_TRUE(
       model.SetBatch(RandomTokens(rows, vocab, stream), RandomTokens(rows, vocab, stream + 1))
           .ok());
