@@ -42,7 +42,15 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
     }
     TrainerOptions options = how.trainer;
     if (how.group_size > 1) options.group = groups[r / how.group_size][r % how.group_size].get();
-    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(client->get(), &data, options);
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = absl::InternalError("no trainer");
+    if (how.model) {
+      absl::StatusOr<std::unique_ptr<UnitModel>> model =
+          how.model((*client)->layout().spec, Trainer::ModelOptions(**client, options));
+      if (!model.ok()) return model.status();
+      trainer = Trainer::Create(client->get(), &data, options, *std::move(model));
+    } else {
+      trainer = Trainer::Create(client->get(), &data, options);
+    }
     if (!trainer.ok()) return trainer.status();
     for (int64_t step = how.first_step; step < how.steps; ++step) {
       absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);

@@ -23,6 +23,8 @@ struct ClusterTraining {
   int group_size = 1;              ///< > 1: host fabric groups of consecutive ranks
   int64_t first_step = 0;
   int64_t steps = 1;  ///< train until this step (exclusive)
+  /// Makes each trainer's model (null: the trainer's own, the GPT).
+  UnitModelFactory model;
   /// When set: every rank's step reports, [rank][step - first_step].
   std::vector<std::vector<StepReport>>* reports = nullptr;
 };

@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.checkpoint_keep = options.checkpoint_keep;
     spec.start_fresh = options.start_fresh;
     spec.allow_schedule_change = options.allow_schedule_change;
+    spec.init_from = options.init_from;
     spec.security = options.security;
     ASSIGN_OR_RETURN(std::unique_ptr<ShardServer> server, ShardServer::Start(spec));
     cluster->servers_.push_back(std::move(server));

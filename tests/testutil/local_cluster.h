@@ -31,6 +31,7 @@ class LocalCluster {
     int checkpoint_keep = 2;
     bool start_fresh = false;
     bool allow_schedule_change = false;
+    std::string init_from;  ///< the servers' initial-weights file (empty: none)
     /// The servers' TLS and token settings.
     SecurityOptions security;
     /// The credentials Connect and ReadMasterWeights use, by role (a rank

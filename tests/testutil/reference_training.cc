@@ -12,8 +12,8 @@
 namespace pshard::testing {
 
 ReferenceTraining::ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding,
-                                     TrainerOptions trainer, const TokenDataset* data, CpuGpt<float> model,
-                                     bool error_feedback, int group_size)
+                                     TrainerOptions trainer, const TokenDataset* data,
+                                     std::unique_ptr<UnitModel> model, bool error_feedback, int group_size)
     : job_(std::move(job)), layout_(std::move(layout)), encoding_(encoding), trainer_(trainer),
       data_(data), model_(std::move(model)), error_feedback_(error_feedback && encoding.grad_format().quantized()),
       group_size_(group_size) {
@@ -41,12 +41,16 @@ void ReferenceTraining::RoundTripBySlice(const WireFormat& format, size_t unit, 
 absl::StatusOr<ReferenceTraining> ReferenceTraining::Create(const JobConfig& job, WireEncodings encoding,
                                                             const TrainerOptions& trainer,
                                                             const TokenDataset* data, bool error_feedback,
-                                                            int group_size) {
+                                                            int group_size, const UnitModelFactory& model_factory) {
   if (group_size < 1 || job.num_trainers % group_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat("group size ", group_size, " does not divide ", job.num_trainers));
   }
   ASSIGN_OR_RETURN(JobLayout layout, MakeJobLayout(job));
-  ASSIGN_OR_RETURN(CpuGpt<float> model, CpuGpt<float>::Create(layout.spec, trainer.batch, trainer.seq_len));
+  UnitModelOptions options;
+  options.batch = trainer.batch;
+  options.seq_len = trainer.seq_len;
+  options.device = "cpu";
+  ASSIGN_OR_RETURN(std::unique_ptr<UnitModel> model, model_factory(layout.spec, options));
   return ReferenceTraining(job, std::move(layout), encoding, trainer, data, std::move(model), error_feedback,
                            group_size);
 }
@@ -57,13 +61,17 @@ absl::StatusOr<std::vector<std::vector<float>>> ReferenceTraining::MicroBatchGra
   std::vector<int32_t> tokens(n), targets(n);
   RETURN_IF_ERROR(data_->SampleBatch(trainer_.data_seed, step, rank, micro, trainer_.batch, trainer_.seq_len,
                                      tokens, targets));
-  RETURN_IF_ERROR(model_.SetBatch(tokens, targets));
+  RETURN_IF_ERROR(model_->SetBatch(0, tokens, targets));
   std::vector<std::vector<float>> weights = master_;
   for (size_t u = 0; u < weights.size(); ++u) RoundTripBySlice(encoding_.weight_format(), u, weights[u]);
-  std::vector<std::vector<float>> grads;
-  ASSIGN_OR_RETURN(float loss, LossAndGradients(model_, weights, &grads));
-  (void)loss;
-  for (size_t u = 0; u < grads.size(); ++u) grads[u].resize(layout_.partitions[u].padded_numel(), 0.0f);
+  const int units = static_cast<int>(weights.size());
+  for (int u = 0; u < units; ++u) RETURN_IF_ERROR(model_->ForwardUnit(u, weights[u]));
+  std::vector<std::vector<float>> grads(units);
+  for (int u = units - 1; u >= 0; --u) {
+    grads[u].assign(layout_.partitions[u].padded_numel(), 0.0f);
+    RETURN_IF_ERROR(model_->BackwardUnit(u, weights[u], grads[u]));
+    RETURN_IF_ERROR(model_->FinishBackward(u));
+  }
   return grads;
 }
 
@@ -171,9 +179,10 @@ std::vector<std::vector<float>> ReferenceTraining::MasterWeights() const {
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps,
-                                                              bool error_feedback, int group_size) {
+                                                              bool error_feedback, int group_size,
+                                                              const UnitModelFactory& model) {
   ASSIGN_OR_RETURN(ReferenceTraining ref,
-                   ReferenceTraining::Create(job, encoding, trainer, &data, error_feedback, group_size));
+                   ReferenceTraining::Create(job, encoding, trainer, &data, error_feedback, group_size, model));
   for (int64_t step = 0; step < steps; ++step) RETURN_IF_ERROR(ref.Step(step));
   return ref.MasterWeights();
 }

@@ -8,13 +8,14 @@
 #ifndef PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 #define PSHARD_TESTS_TESTUTIL_REFERENCE_TRAINING_H_
 
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
 #include "common/wire_encoding.h"
 #include "trainer_client/data/dataset.h"
-#include "trainer_client/model/gpt.h"
+#include "trainer_client/model/unit_model.h"
 #include "trainer_client/trainer.h"
 
 namespace pshard::testing {
@@ -25,9 +26,11 @@ class ReferenceTraining {
   /// `group_size` > 1: trainers form fabric groups of consecutive ranks,
   /// which sum their gradients in fp32 and push each slice once, encoded
   /// (and carrying its residual) by the one member that owns it.
+  /// `model` makes the model that computes the gradients (one lane).
   static absl::StatusOr<ReferenceTraining> Create(const JobConfig& job, WireEncodings encoding,
                                                   const TrainerOptions& trainer, const TokenDataset* data,
-                                                  bool error_feedback = true, int group_size = 1);
+                                                  bool error_feedback = true, int group_size = 1,
+                                                  const UnitModelFactory& model = CreateUnitModel);
 
   /// The gradient of trainer `rank`'s micro-batch `micro` at `step` with the
   /// current weights as the wire delivers them (padded per unit; not rounded
@@ -46,7 +49,7 @@ class ReferenceTraining {
 
  private:
   ReferenceTraining(JobConfig job, JobLayout layout, WireEncodings encoding, TrainerOptions trainer,
-                    const TokenDataset* data, CpuGpt<float> model, bool error_feedback, int group_size);
+                    const TokenDataset* data, std::unique_ptr<UnitModel> model, bool error_feedback, int group_size);
   /// `values` (a padded unit) as the wire delivers it in `format`, slice by slice.
   void RoundTripBySlice(const WireFormat& format, size_t unit, std::vector<float>& values) const;
 
@@ -55,7 +58,7 @@ class ReferenceTraining {
   WireEncodings encoding_;
   TrainerOptions trainer_;
   const TokenDataset* data_;
-  CpuGpt<float> model_;
+  std::unique_ptr<UnitModel> model_;
   bool error_feedback_;
   int group_size_;
   std::vector<std::vector<float>> master_, m_, v_;  // padded per unit
@@ -68,7 +71,8 @@ class ReferenceTraining {
 absl::StatusOr<std::vector<std::vector<float>>> TrainReference(const JobConfig& job, WireEncodings encoding,
                                                               const TrainerOptions& trainer,
                                                               const TokenDataset& data, int64_t steps,
-                                                              bool error_feedback = true, int group_size = 1);
+                                                              bool error_feedback = true, int group_size = 1,
+                                                              const UnitModelFactory& model = CreateUnitModel);
 
 /// True when both hold the same units with the same bits (and are not empty).
 bool BitIdentical(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b);

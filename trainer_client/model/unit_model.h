@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -156,6 +157,11 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
 
 /// The trainer's model, as `options` say.
 absl::StatusOr<std::unique_ptr<UnitModel>> CreateUnitModel(const ModelSpec& spec, const UnitModelOptions& options);
+
+/// Makes a model for a layout: CreateUnitModel (the GPT), or a model of
+/// another kind.
+using UnitModelFactory =
+    std::function<absl::StatusOr<std::unique_ptr<UnitModel>>(const ModelSpec&, const UnitModelOptions&)>;
 
 }  // namespace pshard
 
