@@ -4,6 +4,7 @@
 //   pshard plan [flags]    memory, bytes and step time of a job, predicted
 //   pshard sweep --flag=v1,v2 ...   a grid of local jobs, measured and predicted
 //   pshard plot results.csv   the figures of a sweep
+//   pshard layout | export | reshard | sample   layouts, weights out, checkpoints moved (weights_main.h)
 #include <unistd.h>
 
 #include <climits>
@@ -32,6 +33,7 @@
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
 #include "tools/sweep.h"
+#include "tools/weights_main.h"
 #include "common/wire_encoding.h"
 #include "common/levers.h"
 
@@ -84,7 +86,7 @@ ABSL_FLAG(bool, accumulate_on_trainer, false, "trainers push once per step inste
 ABSL_FLAG(bool, fetch_once_per_step, false,
           "trainers run all micro-batches of a step in one pass: each unit fetched and pushed once per step, "
           "activations kept for every micro-batch (needs --accumulate_on_trainer)");
-ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed");
+ABSL_FLAG(uint64_t, seed, 1234, "initialisation seed (sample: the seed of the draws)");
 ABSL_FLAG(int, log_every, 10, "progress line every this many steps");
 ABSL_FLAG(std::string, val_data, "",
           "held-out text file: trainer 0 (its fabric group) reports the loss on it every --eval_every steps");
@@ -578,7 +580,12 @@ int main(int argc, char** argv) {
       "--fabric_rate, --device_flops, --mfu, --json)\n"
       "  sweep   a grid of local jobs: flags of local given as lists (--link_rate=1gbit,100mbit --prefetch=1,2), "
       "each measured beside the plan's prediction, into --out (resumable; --plot for figures)\n"
-      "  plot    OUT/results.csv: a sweep's figures");
+      "  plot    OUT/results.csv: a sweep's figures\n"
+      "  layout  the layout file of the GPT of --layers, --d_model, --heads, --context (--to=FILE)\n"
+      "  export  --from=CHECKPOINT_DIR|HOST:PORT --to=FILE.safetensors [--dtype=bf16]: a job's weights in one file\n"
+      "  reshard --from=DIR --to=NEW_DIR --num_shards=N: a checkpoint written for N shard servers\n"
+      "  sample  --from=CHECKPOINT_DIR|HOST:PORT --prompt=TEXT [--tokens --temperature --top_k --seed]: text "
+      "from the trained GPT");
   // A sweep's grid flags hold lists that their own types would refuse:
   // they are taken out before the flags are parsed.
   std::vector<std::string> grid_args;
@@ -610,6 +617,16 @@ int main(int argc, char** argv) {
     return RunSweep(grid_args);
   }
   if (command == "plot") return RunPlot(args);
+  if (command == "layout" || command == "export" || command == "reshard" || command == "sample") {
+    if (args.size() != 2) {
+      std::fprintf(stderr, "pshard %s: unexpected argument '%s' (flags only)\n", command.c_str(), args[2]);
+      return 2;
+    }
+    if (command == "layout") return pshard::RunLayoutCommand();
+    if (command == "export") return pshard::RunExportCommand();
+    if (command == "reshard") return pshard::RunReshardCommand();
+    return pshard::RunSampleCommand();
+  }
   std::fprintf(stderr, "pshard: unknown command '%s'\n%s\n", command.c_str(), absl::ProgramUsageMessage().data());
   return 2;
 }

@@ -83,6 +83,13 @@ class CpuGpt {
   /// Mean cross-entropy of the last forward, in nats.
   T loss() const { return loss_; }
 
+  /// The next-token distribution the last forward gave at position
+  /// `position` of sequence `sequence` (vocab probabilities).
+  std::span<const T> Probabilities(int sequence, int position) const {
+    const size_t row = static_cast<size_t>(sequence) * seq_len_ + position;
+    return std::span<const T>(probs_).subspan(row * config_.vocab, config_.vocab);
+  }
+
   /// Bytes held by saved activations, gradient scratch and the batch: all
   /// allocated by Create, so known before any forward.
   int64_t ActivationBytes() const;
