@@ -92,10 +92,12 @@ TEST(DocsCommandsE2E, EveryLocalClusterExampleTrainsAndExitsZero) {
     const std::string command = absl::StrReplaceAll(
         doc.command, {{"tools/demo.sh", absl::StrCat(PSHARD_BIN_DIR, "/pshard local")},
                       {"build/bin/", absl::StrCat(PSHARD_BIN_DIR, "/")}});
-    // Later flags win: a short run, free ports, and a run folder of our own.
-    const CommandResult result =
-        RunCommand(absl::StrCat("cd ", PSHARD_SOURCE_DIR, " && timeout 300 env ", command,
-                                " --steps=3 --log_every=1 --metrics_port_base=0 --run_dir=", run_dir, " 2>&1"));
+    // Later flags win: a short run, free ports, and a run folder and
+    // checkpoint folder of our own (the quick start's resumes otherwise).
+    const CommandResult result = RunCommand(absl::StrCat(
+        "cd ", PSHARD_SOURCE_DIR, " && timeout 300 env ", command,
+        " --steps=3 --log_every=1 --metrics_port_base=0 --run_dir=", run_dir, " --checkpoint_dir=", run_dir,
+        "/checkpoints 2>&1"));
     EXPECT_EQ(result.exit_code, 0) << result.output;
     EXPECT_THAT(result.output, ::testing::HasSubstr("trainers finished")) << result.output;
     EXPECT_EQ(Losses(result.output).size(), 3u) << result.output;
