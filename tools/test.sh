@@ -23,10 +23,11 @@ elif [[ -x $nvcc ]]; then
   echo "pshard test: building the CUDA + NCCL configuration in build-cuda ($nvcc)"
   PSHARD_BUILD_DIR=build-cuda PSHARD_CMAKE_ARGS="-DPSHARD_WITH_CUDA=ON -DPSHARD_WITH_NCCL=ON \
 -DCMAKE_CUDA_COMPILER=$nvcc -DCMAKE_CUDA_ARCHITECTURES=80;90" tools/setup.sh
-  # The deployment tests check files and images, not the build, and the slow
-  # ones run the demo's 300 steps on CPU trainers, the same code in both
-  # configurations: the default configuration ran them.
-  (cd build-cuda && ctest --output-on-failure -j "$(nproc)" -LE 'containers|deploy|slow' "$@") || status=$?
+  # The deployment tests check files and images, not the build; the slow
+  # ones run the demo's 300 steps on CPU trainers, and the python ones the
+  # PyTorch bridge on the CPU: the same code in both configurations, which
+  # the default configuration ran.
+  (cd build-cuda && ctest --output-on-failure -j "$(nproc)" -LE 'containers|deploy|slow|python' "$@") || status=$?
   echo "pshard test: the CUDA + NCCL configuration took $((SECONDS - started)) s"
 elif [[ ${PSHARD_TEST_CUDA:-auto} == 1 ]]; then
   echo "pshard test: PSHARD_TEST_CUDA=1 but no CUDA compiler ($nvcc) is installed" >&2

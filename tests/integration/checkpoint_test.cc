@@ -184,20 +184,12 @@ LocalCluster::Options WithCheckpoints(const std::string& dir, int64_t every, int
   return options;
 }
 
-absl::Status Train(const LocalCluster& cluster, int trainers, int64_t first, int64_t until) {
-  ClusterTraining how;
-  how.trainer = TinyTrainerOptions(7);
-  how.first_step = first;
-  how.steps = until;
-  return TrainInThreads(cluster, trainers, TestCorpus(), how);
-}
-
 // Trains `job` with one trainer to `steps`, checkpointing into `dir` every
 // `every` steps, and stops (the shutdown checkpoint is written too).
 void TrainAndStop(const JobConfig& job, const std::string& dir, int64_t every, int64_t steps) {
   auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, every));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  ASSERT_TRUE(Train(**cluster, 1, 0, steps).ok());
+  ASSERT_TRUE(TrainTinySteps(**cluster, 1, 0, steps).ok());
   ASSERT_TRUE((*cluster)->ReadMasterWeights(steps).ok());
 }
 
@@ -207,7 +199,7 @@ TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
   {
     auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 2));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 2, 0, 5).ok());
+    ASSERT_TRUE(TrainTinySteps(**cluster, 2, 0, 5).ok());
     ASSERT_TRUE((*cluster)->ReadMasterWeights(5).ok());  // step 4 applied everywhere
   }  // shutdown writes step 5 on top of the periodic 2 and 4; two are kept
   for (int s = 0; s < 3; ++s) EXPECT_EQ(ListCheckpointSteps(dir, s, 3), (std::vector<int64_t>{4, 5})) << s;
@@ -222,7 +214,7 @@ TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_EQ((*client)->joined_step(), 5);
   client->reset();
-  absl::Status trained = Train(**resumed, 2, 5, kTotalSteps);
+  absl::Status trained = TrainTinySteps(**resumed, 2, 5, kTotalSteps);
   ASSERT_TRUE(trained.ok()) << trained;
   auto got = (*resumed)->ReadMasterWeights(kTotalSteps);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -330,7 +322,7 @@ TEST(CheckpointResume, ARejoiningTrainerRollsTheShardsAheadBackAndTheJobEndsBitI
   EXPECT_THAT(page, HasSubstr("pshard_server_rollbacks_total{shard=\"0\"} 1"));
   EXPECT_THAT(page, HasSubstr("pshard_server_rolled_back_steps_total{shard=\"0\"} 1"));
 
-  absl::Status trained = Train(**cluster, 1, 2, kTotalSteps);
+  absl::Status trained = TrainTinySteps(**cluster, 1, 2, kTotalSteps);
   ASSERT_TRUE(trained.ok()) << trained;
   auto got = (*cluster)->ReadMasterWeights(kTotalSteps);
   ASSERT_TRUE(got.ok()) << got.status();

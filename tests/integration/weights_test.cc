@@ -49,14 +49,6 @@ std::string ReadBytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-absl::Status Train(const LocalCluster& cluster, int trainers, int64_t first, int64_t until) {
-  ClusterTraining how;
-  how.trainer = TinyTrainerOptions(7);
-  how.first_step = first;
-  how.steps = until;
-  return TrainInThreads(cluster, trainers, TestCorpus(), how);
-}
-
 // Trains `job` (2 trainers) to `steps` with checkpoints in `dir`, which the
 // shutdown completes at `steps`; returns the master weights there.
 std::vector<std::vector<float>> TrainWithCheckpoints(const JobConfig& job, const std::string& dir, int64_t steps) {
@@ -65,7 +57,7 @@ std::vector<std::vector<float>> TrainWithCheckpoints(const JobConfig& job, const
   auto cluster = LocalCluster::Start(job, options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return {};
-  EXPECT_TRUE(Train(**cluster, 2, 0, steps).ok());
+  EXPECT_TRUE(TrainTinySteps(**cluster, 2, 0, steps).ok());
   absl::StatusOr<std::vector<std::vector<float>>> weights = (*cluster)->ReadMasterWeights(steps);
   EXPECT_TRUE(weights.ok()) << weights.status();
   return weights.ok() ? *weights : std::vector<std::vector<float>>();
@@ -167,7 +159,7 @@ TEST(ExportTest, AnIndependentReaderSeesTheServersMasterWeightsLiveAndFromCheckp
   {
     auto cluster = LocalCluster::Start(job, options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ASSERT_TRUE(Train(**cluster, 2, 0, 3).ok());
+    ASSERT_TRUE(TrainTinySteps(**cluster, 2, 0, 3).ok());
     absl::StatusOr<std::vector<std::vector<float>>> read = (*cluster)->ReadMasterWeights(3);
     ASSERT_TRUE(read.ok()) << read.status();
     masters = *read;
@@ -218,7 +210,7 @@ TEST(ReshardTest, TrainingResumedOnAnotherNIsBitIdenticalToAnUnchangedRun) {
     auto cluster = LocalCluster::Start(TinyGptJob(shards, 2, kTotalSteps), options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     for (int s = 0; s < shards; ++s) EXPECT_EQ((*cluster)->server(s).state().current_step(), 3);
-    ASSERT_TRUE(Train(**cluster, 2, 3, kTotalSteps).ok());
+    ASSERT_TRUE(TrainTinySteps(**cluster, 2, 3, kTotalSteps).ok());
     absl::StatusOr<std::vector<std::vector<float>>> got = (*cluster)->ReadMasterWeights(kTotalSteps);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(BitIdentical(*got, *unchanged));

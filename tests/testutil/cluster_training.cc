@@ -70,4 +70,12 @@ absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const
   return absl::OkStatus();
 }
 
+absl::Status TrainTinySteps(const LocalCluster& cluster, int trainers, int64_t first, int64_t until) {
+  ClusterTraining how;
+  how.trainer = TinyTrainerOptions(7);
+  how.first_step = first;
+  how.steps = until;
+  return TrainInThreads(cluster, trainers, TestCorpus(), how);
+}
+
 }  // namespace pshard::testing

@@ -34,6 +34,10 @@ struct ClusterTraining {
 absl::Status TrainInThreads(const LocalCluster& cluster, int num_trainers, const TokenDataset& data,
                             const ClusterTraining& how);
 
+/// Steps first..until-1 of a job of TinyGptJob's shape with `trainers`
+/// trainers of TinyTrainerOptions(7), over gRPC in fp32.
+absl::Status TrainTinySteps(const LocalCluster& cluster, int trainers, int64_t first, int64_t until);
+
 }  // namespace pshard::testing
 
 #endif  // PSHARD_TESTS_TESTUTIL_CLUSTER_TRAINING_H_

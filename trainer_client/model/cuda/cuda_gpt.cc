@@ -95,8 +95,7 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec,
   const int seq_len = options.seq_len;
   const int device = options.device;
   const bool recompute_blocks = options.recompute_blocks;
-  const GptConfig& cfg = spec.config;
-  RETURN_IF_ERROR(cfg.Validate());
+  ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(spec));
   if (batch < 1 || seq_len < 1 || seq_len > cfg.context) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batch of ", batch, " x ", seq_len,
@@ -119,15 +118,16 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec,
       (share_workspace->batch_ != batch || share_workspace->seq_len_ != seq_len ||
        share_workspace->device_ != device || share_workspace->recompute_blocks_ != recompute_blocks ||
        share_workspace->fused_attention_ != fused ||
-       share_workspace->spec_.config.num_layers != cfg.num_layers ||
-       share_workspace->spec_.config.d_model != cfg.d_model ||
-       share_workspace->spec_.config.num_heads != cfg.num_heads ||
-       share_workspace->spec_.config.vocab != cfg.vocab)) {
+       share_workspace->config_.num_layers != cfg.num_layers ||
+       share_workspace->config_.d_model != cfg.d_model ||
+       share_workspace->config_.num_heads != cfg.num_heads ||
+       share_workspace->config_.vocab != cfg.vocab)) {
     return absl::InvalidArgumentError(
         "a workspace can only be shared by models of the same shape, device and recomputation");
   }
   std::unique_ptr<CudaGpt> model(new CudaGpt());
   model->spec_ = spec;
+  model->config_ = cfg;
   model->batch_ = batch;
   model->seq_len_ = seq_len;
   model->device_ = device;
@@ -186,7 +186,7 @@ absl::Status CudaGpt::CheckLayout() {
 }
 
 void CudaGpt::CarveLane(Carver& carver) {
-  const GptConfig& cfg = spec_.config;
+  const GptConfig& cfg = config_;
   const int64_t n = rows();
   const int64_t c = cfg.d_model;
   tokens_ = carver.Take<int32_t>(n);
@@ -211,7 +211,7 @@ void CudaGpt::CarveLane(Carver& carver) {
 }
 
 void CudaGpt::CarveWorkspace(Carver& carver) {
-  const GptConfig& cfg = spec_.config;
+  const GptConfig& cfg = config_;
   const int64_t n = rows();
   const int64_t c = cfg.d_model;
   const int64_t att_size = int64_t{batch_} * cfg.num_heads * seq_len_ * seq_len_;
@@ -237,12 +237,12 @@ void CudaGpt::CarveWorkspace(Carver& carver) {
 
 void CudaGpt::CarveBlock(Carver& carver, BlockActivations& a) {
   const int64_t n = rows();
-  const int64_t c = spec_.config.d_model;
+  const int64_t c = config_.d_model;
   a.ln1 = carver.Take<bf16>(n * c);
   a.ln1_mean = carver.Take<float>(n);
   a.ln1_rstd = carver.Take<float>(n);
   a.qkv = carver.Take<bf16>(n * 3 * c);
-  const int64_t heads_rows = int64_t{batch_} * spec_.config.num_heads * seq_len_;
+  const int64_t heads_rows = int64_t{batch_} * config_.num_heads * seq_len_;
   if (fused_attention_) {
     a.lse = carver.Take<float>(heads_rows);
   } else {
@@ -265,7 +265,7 @@ absl::Status CudaGpt::SetBatch(std::span<const int32_t> tokens, std::span<const 
     return absl::InvalidArgumentError(absl::StrCat("expected ", n, " tokens and targets, got ",
                                                    tokens.size(), " and ", targets.size()));
   }
-  const int vocab = spec_.config.vocab;
+  const int vocab = config_.vocab;
   for (size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab || targets[i] < 0 || targets[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("token ", tokens[i], " or target ", targets[i],
@@ -398,7 +398,7 @@ absl::StatusOr<float> CudaGpt::Loss(cudaStream_t stream) {
 absl::Status CudaGpt::EmbedForward(const bf16* w, cudaStream_t stream) {
   CUDA_RETURN_IF_ERROR(internal::EncoderForward(residuals_[0], tokens_, w + embed_.wte,
                                                 w + embed_.wpe, batch_, seq_len_,
-                                                spec_.config.d_model, stream));
+                                                config_.d_model, stream));
   return absl::OkStatus();
 }
 
@@ -407,7 +407,7 @@ absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream
   const BlockLayout& p = block_layouts_[layer];
   const BlockActivations& a = blocks_[layer];
   const int n = rows();
-  const int c = spec_.config.d_model;
+  const int c = config_.d_model;
   const bf16* in = residuals_[layer];
   bf16* out = residuals_[layer + 1];
   // Attention branch: residual2 = in + proj(attention(qkv(ln1(in)))).
@@ -433,8 +433,8 @@ absl::Status CudaGpt::BlockForward(int layer, const bf16* w, cudaStream_t stream
 
 absl::Status CudaGpt::HeadForward(const bf16* w, cudaStream_t stream) {
   const int n = rows();
-  const int c = spec_.config.d_model;
-  const int v = spec_.config.vocab;
+  const int c = config_.d_model;
+  const int v = config_.vocab;
   CUDA_RETURN_IF_ERROR(internal::LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residuals_.back(),
                                                   w + head_.lnf_w, w + head_.lnf_b, n, c, stream));
   RETURN_IF_ERROR(LinearForward(logits_, lnf_, w + head_.lm_head_w, nullptr, c, v, stream));
@@ -452,8 +452,8 @@ absl::Status CudaGpt::HeadForward(const bf16* w, cudaStream_t stream) {
 
 absl::Status CudaGpt::HeadBackward(const bf16* w, float* dw, cudaStream_t stream) {
   const int n = rows();
-  const int c = spec_.config.d_model;
-  const int v = spec_.config.vocab;
+  const int c = config_.d_model;
+  const int v = config_.vocab;
   RETURN_IF_ERROR(LinearBackward(dln_, dw + head_.lm_head_w, nullptr, logits_, lnf_,
                                  w + head_.lm_head_w, c, v, stream));
   CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dresidual_, 0, int64_t{n} * c * sizeof(bf16), stream));
@@ -467,7 +467,7 @@ absl::Status CudaGpt::BlockBackward(int layer, const bf16* w, float* dw, cudaStr
   const BlockLayout& p = block_layouts_[layer];
   const BlockActivations& a = blocks_[layer];
   const int n = rows();
-  const int c = spec_.config.d_model;
+  const int c = config_.d_model;
   if (recompute_blocks_) RETURN_IF_ERROR(BlockForward(layer, w, stream, /*write_output=*/false));
   // MLP branch; afterwards dresidual_ holds the gradient wrt residual2.
   RETURN_IF_ERROR(LinearBackward(dfch_gelu_, dw + p.mlp_proj_w, dw + p.mlp_proj_b, dresidual_,
@@ -494,7 +494,7 @@ absl::Status CudaGpt::BlockBackward(int layer, const bf16* w, float* dw, cudaStr
 absl::Status CudaGpt::EmbedBackward(float* dw, cudaStream_t stream) {
   const internal::TokenRows token_rows{row_tokens_, row_begin_, row_position_, distinct_tokens_};
   CUDA_RETURN_IF_ERROR(internal::EncoderBackward(dw + embed_.wte, dw + embed_.wpe, dresidual_,
-                                                 token_rows, batch_, seq_len_, spec_.config.d_model,
+                                                 token_rows, batch_, seq_len_, config_.d_model,
                                                  stream));
   return absl::OkStatus();
 }
@@ -538,8 +538,8 @@ absl::Status CudaGpt::LinearBackward(bf16* dinp, float* dweight, float* dbias, c
 // head starts hs elements further.
 absl::Status CudaGpt::AttentionForward(const BlockActivations& a, cudaStream_t stream) {
   if (!fused_attention_) return MaterializedAttentionForward(a.atty, a.att, a.qkv, stream);
-  const int h = spec_.config.num_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(spec_.config.d_model / h));
+  const int h = config_.num_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.d_model / h));
   CUDA_RETURN_IF_ERROR(
       internal::FusedAttentionForward(a.atty, a.lse, a.qkv, batch_, seq_len_, h, scale, stream));
   return absl::OkStatus();
@@ -548,8 +548,8 @@ absl::Status CudaGpt::AttentionForward(const BlockActivations& a, cudaStream_t s
 absl::Status CudaGpt::AttentionBackward(bf16* dqkv, const bf16* dout, const BlockActivations& a,
                                         cudaStream_t stream) {
   if (!fused_attention_) return MaterializedAttentionBackward(dqkv, dout, a.qkv, a.att, stream);
-  const int h = spec_.config.num_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(spec_.config.d_model / h));
+  const int h = config_.num_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.d_model / h));
   CUDA_RETURN_IF_ERROR(internal::FusedAttentionBackward(dqkv, delta_, dout, a.atty, a.qkv, a.lse, batch_,
                                                         seq_len_, h, scale, stream));
   return absl::OkStatus();
@@ -558,8 +558,8 @@ absl::Status CudaGpt::AttentionBackward(bf16* dqkv, const bf16* dout, const Bloc
 absl::Status CudaGpt::MaterializedAttentionForward(bf16* out, bf16* att, const bf16* qkv,
                                                    cudaStream_t stream) {
   const int t = seq_len_;
-  const int c = spec_.config.d_model;
-  const int h = spec_.config.num_heads;
+  const int c = config_.d_model;
+  const int h = config_.num_heads;
   const int hs = c / h;
   const int64_t tt = int64_t{t} * t;
   for (int b = 0; b < batch_; ++b) {
@@ -584,8 +584,8 @@ absl::Status CudaGpt::MaterializedAttentionForward(bf16* out, bf16* att, const b
 absl::Status CudaGpt::MaterializedAttentionBackward(bf16* dqkv, const bf16* dout, const bf16* qkv,
                                                     const bf16* att, cudaStream_t stream) {
   const int t = seq_len_;
-  const int c = spec_.config.d_model;
-  const int h = spec_.config.num_heads;
+  const int c = config_.d_model;
+  const int h = config_.num_heads;
   const int hs = c / h;
   const int64_t tt = int64_t{t} * t;
   float* datt = scores_;  // the forward's scratch, free during backward
@@ -621,7 +621,7 @@ absl::Status CudaGpt::MaterializedAttentionBackward(bf16* dqkv, const bf16* dout
 // ---------------------------------------------------------------- accounting
 
 double CudaGpt::FlopsPerMicroBatch() const {
-  return GptModelFlops(spec_.config, batch_, seq_len_);
+  return GptModelFlops(config_, batch_, seq_len_);
 }
 
 bool CudaDeviceAvailable() {

@@ -198,6 +198,7 @@ class CudaGpt {
   int rows() const { return batch_ * seq_len_; }
 
   ModelSpec spec_;
+  GptConfig config_;
   int batch_ = 0;
   int seq_len_ = 0;
   int device_ = 0;
