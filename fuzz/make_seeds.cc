@@ -19,6 +19,8 @@
 #include "fuzz/harness.h"
 #include "fuzz/in_process_shard.h"
 #include "fuzz/service_checks.h"
+#include "common/layout_file.h"
+#include "common/safetensors.h"
 #include "common/square_sum.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.pb.h"
@@ -438,6 +440,35 @@ void AddEnvironments(Corpus& corpus) {
              "?/run/secrets/tokens\nPSHARD_CHECKPOINT_DIR=\n@host-0\n");
 }
 
+void AddLayouts(Corpus& corpus) {
+  corpus.Add("layout", "fuzz_job", FormatLayoutJson(FuzzJob().model));
+  corpus.Add("layout", "fuzz_job_one_line", FormatLayoutJson(FuzzJob().model, /*one_line=*/true));
+  corpus.Add("layout", "by_hand", R"({"format": "pshard-layout/1", "model": "mlp",
+ "units": [{"name": "fc", "tensors": [
+   {"name": "fc.w", "shape": [3, 2], "init": "normal", "std": 0.5, "weight_decay": true},
+   {"name": "fc.b", "shape": [3], "init": "zeros"}, {"name": "fc.s", "shape": [], "init": "ones"}]},
+  {"name": "out", "tensors": [{"name": "out.w", "shape": [2, 3], "init": "given"}]}]}
+)");
+}
+
+void AddSafetensors(Corpus& corpus) {
+  const std::vector<float> w = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 65504.0f}, b = {0.5f, -1.0f, 3.25f};
+  const std::vector<uint16_t> b16 = {0x3f00, 0xbf80, 0x4050};
+  auto bytes = [](const auto& v) {
+    return std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
+  };
+  // The fuzz harness's small layout (w [2, 3], b [3]), in F32 and in BF16,
+  // and a file of another layout.
+  const std::vector<SafetensorsTensorView> f32 = {{"w", SafetensorsDtype::kF32, {2, 3}, bytes(w)},
+                                                  {"b", SafetensorsDtype::kF32, {3}, bytes(b)}};
+  const std::vector<SafetensorsTensorView> mixed = {{"b", SafetensorsDtype::kBF16, {3}, bytes(b16)},
+                                                    {"w", SafetensorsDtype::kF32, {2, 3}, bytes(w)}};
+  const std::vector<SafetensorsTensorView> other = {{"w", SafetensorsDtype::kF32, {3, 2}, bytes(w)}};
+  corpus.Add("safetensors", "layout_f32", *EncodeSafetensors(f32, {{"step", "3"}}));
+  corpus.Add("safetensors", "layout_mixed", *EncodeSafetensors(mixed, {}));
+  corpus.Add("safetensors", "another_layout", *EncodeSafetensors(other, {{"model", "x"}}));
+}
+
 }  // namespace
 }  // namespace pshard::fuzz
 
@@ -463,5 +494,7 @@ int main(int argc, char** argv) {
   AddCheckpoints(corpus, lengths);
   AddTopologies(corpus);
   AddEnvironments(corpus);
+  AddLayouts(corpus);
+  AddSafetensors(corpus);
   return 0;
 }

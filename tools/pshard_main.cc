@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,9 @@ ABSL_FLAG(int, fabric_group_size, 1,
           "trainers form fabric groups of this many consecutive ranks (each fetches 1/G of every unit, the group "
           "all-gathers and reduce-scatters over TCP, and pushes once); 1: no groups");
 ABSL_FLAG(std::string, checkpoint_dir, "", "servers write checkpoints here (and resume from the newest)");
+ABSL_FLAG(std::string, init_from, "",
+          "start the job from these weights (a .safetensors file of the GPT's tensors, e.g. from pshard export) "
+          "instead of its random initialisation: fine-tuning; a checkpoint to resume from still wins");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "servers checkpoint every this many steps (0: only at shutdown)");
 ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard (and always the newest step every shard holds)");
 ABSL_FLAG(int64_t, resume_step, -1, "servers restore this step's checkpoints instead of the newest (-1: newest)");
@@ -295,6 +299,10 @@ int RunLocal() {
       absl::StrCat("--start_fresh=", absl::GetFlag(FLAGS_start_fresh) ? "true" : "false"),
       absl::StrCat("--allow_schedule_change=", absl::GetFlag(FLAGS_allow_schedule_change) ? "true" : "false"),
   };
+  if (const std::string init = absl::GetFlag(FLAGS_init_from); !init.empty()) {
+    // The servers may run elsewhere than here: the file by its absolute path.
+    spec.server_flags.push_back(absl::StrCat("--init_from=", std::filesystem::absolute(init).string()));
+  }
   spec.fabric_group_size = absl::GetFlag(FLAGS_fabric_group_size);
   spec.trainer_flags = {
       absl::StrCat("--steps=", steps),

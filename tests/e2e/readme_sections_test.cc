@@ -82,6 +82,15 @@ TEST(ReadmeE2E, QuickStartTrainsEvaluatesSamplesExportsAndReshards) {
   EXPECT_THAT(exported.output, HasSubstr("at step 30 (867072 parameters, 53 tensors"));
   EXPECT_GT(std::filesystem::file_size(dir + "/runs/quickstart/model.safetensors"), 3'000'000u);
 
+  // Fine-tuning from the export: the first step's loss is the trained
+  // model's, not a fresh one's (ln 256 = 5.5).
+  const CommandResult tuned = run("tools/demo.sh --init_from=runs/quickstart/model.safetensors",
+                                  " --steps=2 --log_every=1 --metrics_port_base=0");
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  const std::vector<double> tuned_losses = Losses(tuned.output);
+  ASSERT_EQ(tuned_losses.size(), 2u) << tuned.output;
+  EXPECT_LT(tuned_losses[0], 3.5) << tuned.output;
+
   const CommandResult resharded = run(lines[3]);
   ASSERT_EQ(resharded.exit_code, 0) << resharded.output;
   EXPECT_EQ(ListCheckpointFilesIn(dir + "/runs/quickstart-2").size(), 2u);

@@ -194,6 +194,10 @@ class BadUseTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "the servers run another job: .*head.weight"):
                 pt.ShardedModule(other, job.addresses, 0, policy)
             model = pt.ShardedModule(fresh_model(), job.addresses, 0, policy)
+            model.module.head.weight.data = torch.zeros(VOCAB + 1, WIDTH)
+            with self.assertRaisesRegex(RuntimeError, r"head.weight changed shape after wrapping \(\[64, 32\] -> "
+                                                      r"\[65, 32\]\)"):
+                model(batch(0, 0)[0])
             model.module.head.weight = nn.Parameter(torch.zeros(VOCAB, WIDTH))
             with self.assertRaisesRegex(RuntimeError, "head.weight was replaced after wrapping"):
                 model(batch(0, 0)[0])
