@@ -182,6 +182,8 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
       }
       continue;
     }
+    // The writer refuses what it could not name either.
+    if (name.empty()) return Bad("a tensor has an empty name");
     if (!entry.is_object()) return Bad(absl::StrCat("tensor ", name, " is not an object"));
     const JsonValue* dtype = entry.Find("dtype");
     const JsonValue* shape = entry.Find("shape");

@@ -398,7 +398,11 @@ class ShardedModule(nn.Module):
         if weights is None:
             weights = self._backward_weights.get(unit.index)
         if weights is None:
-            pending = [u for u in reversed(self._units[:unit.index]) if u.index not in self._backward_weights]
+            # The units backward reaches next that it will fetch: not those
+            # kept from forward, fetched already, or done.
+            pending = [u for u in reversed(self._units[:unit.index])
+                       if u.index not in self._backward_weights and u.index not in self._kept
+                       and u.index not in self._done]
             weights = self._weights(unit, "backward", pending)
             self._backward_weights[unit.index] = weights
         return weights.as_strided(saved.size, saved.stride, saved.offset)

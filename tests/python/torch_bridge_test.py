@@ -249,6 +249,34 @@ class MetricsTest(unittest.TestCase):
                                   capture_output=True)
             self.assertEqual(lint.returncode, 0, lint.stdout + lint.stderr)
 
+    def test_keeping_weights_from_forward_fetches_each_unit_once_a_step(self):
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(fresh_model(), directory, policy)
+        fetched = {}
+        with servers(2, 2, layout, init) as job:
+            for rank, keep in ((0, False), (1, True)):
+                model = pt.ShardedModule(fresh_model(), job.addresses, rank, policy, prefetch=2,
+                                         reshard_after_forward=not keep)
+                fetched[keep] = model
+            errors = []
+
+            def train(keep):
+                try:
+                    loss_of(fetched[keep], *batch(0, int(keep))).backward()
+                    fetched[keep] = fetched[keep].step()["bytes_fetched"]
+                except Exception as e:
+                    errors.append(e)
+            threads = [threading.Thread(target=train, args=(keep,)) for keep in (False, True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+        # Stage 3 fetches every unit in forward and again in backward; kept
+        # from forward, once. The same fp32 bytes each time.
+        self.assertEqual(fetched[False], 2 * fetched[True])
+
 
 if __name__ == "__main__":
     unittest.main()

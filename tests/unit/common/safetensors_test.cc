@@ -179,6 +179,8 @@ TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
       {"an overflowing shape",
        FileWith(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})", 4),
        "whole number within the file"},
+      // Found by the safetensors fuzzer: the writer could not have written it.
+      {"an empty name", FileWith(R"({"":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4), "empty name"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<SafetensorsFile> file = ParseSafetensors(c.bytes);
