@@ -277,20 +277,24 @@ class ShardedModule(nn.Module):
     too, if it holds parameters of its own); every parameter must belong to
     one. ``weight_decay(name, param) -> bool`` says where AdamW decays (the
     servers' --weight_decay is the rate). ``prefetch``, ``weight_encoding``,
-    ``grad_encoding``, ``quant_block``, ``error_feedback`` and
-    ``reshard_after_forward`` are the C++ trainer's levers. Raises
-    ValueError when the servers run another job.
+    ``grad_encoding``, ``quant_block``, ``error_feedback``,
+    ``reshard_after_forward`` and ``stage`` (3, or 2: every unit fetched once
+    a step and kept for all its micro-batches) are the C++ trainer's levers
+    (fabric groups and the secondary shard are not). Raises ValueError when
+    the servers run another job.
 
     A training step: forward, ``loss.backward()`` (once per micro-batch the
     job reduces), then ``step()``.
     """
 
     def __init__(self, module, servers, rank, auto_wrap_policy, weight_decay=default_weight_decay, prefetch=1,
-                 reshard_after_forward=True, weight_encoding="fp32", grad_encoding="fp32", quant_block=64,
+                 reshard_after_forward=True, stage=3, weight_encoding="fp32", grad_encoding="fp32", quant_block=64,
                  error_feedback=True, transport="auto", metrics_address="", join_timeout=30.0, rpc_timeout=120.0):
         super().__init__()
         if prefetch < 0:
             raise ValueError(f"prefetch depth {prefetch} must be >= 0")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeRO stage {stage}: 3 fetches the weights pass by pass, 2 (or 1) once per step")
         self.module = module
         self._units = _units_of(module, auto_wrap_policy)
         ours = _pshard.canonical_layout(json.dumps(_layout_document(module, self._units, weight_decay)))
@@ -306,6 +310,7 @@ class ShardedModule(nn.Module):
         self.rank = rank
         self.prefetch = prefetch
         self.reshard_after_forward = reshard_after_forward
+        self.stage = stage
         self._accumulators = []
         for unit in self._units:
             unit.padded = self._session.padded_numel(unit.index)
@@ -322,6 +327,7 @@ class ShardedModule(nn.Module):
         self._fetches = {}       # (unit, version, pass) -> Transfer
         self._forward_ptrs = {}  # storage address of a unit's forward weights -> unit
         self._kept = {}          # unit -> weights kept from forward for backward
+        self._resident = {}      # unit -> weights kept for the whole step (stage 2)
         self._backward_weights = {}
         self._pushes = []
         self._backwards = 0      # backward passes since the last step()
@@ -342,13 +348,22 @@ class ShardedModule(nn.Module):
     def _weights(self, unit, purpose, following):
         """The unit's weights at this version as a flat tensor of its dtype,
         over the client's buffer (fp32) or converted; starts fetching the
-        ``prefetch`` units in ``following``."""
+        ``prefetch`` units in ``following``. At stage 2 a unit is fetched
+        once a step and kept for all of the step's passes."""
+        if self.stage < 3:
+            if unit.index in self._resident:
+                return self._resident[unit.index]
+            purpose = "resident"
+            following = [u for u in following if u.index not in self._resident]
         transfer = self._start_fetch(unit.index, purpose)
         for other in following[:self.prefetch]:
             self._start_fetch(other.index, purpose)
         values = torch.from_numpy(transfer.values())
         del self._fetches[(unit.index, self.version, purpose)]
-        return values if unit.dtype == torch.float32 else values.to(unit.dtype)
+        weights = values if unit.dtype == torch.float32 else values.to(unit.dtype)
+        if self.stage < 3:
+            self._resident[unit.index] = weights
+        return weights
 
     def _check_params(self, unit):
         for p in unit.params:
@@ -487,6 +502,7 @@ class ShardedModule(nn.Module):
         self._backwards = 0
         self._fetches.clear()
         self._kept.clear()
+        self._resident.clear()
         return report
 
     def gather_weights(self):

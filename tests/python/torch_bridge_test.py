@@ -169,6 +169,9 @@ class ParityTest(unittest.TestCase):
         # and two micro-batches per step change the traffic, not the result.
         self.check(3, 2, micro_batches=2, prefetch=2, reshard_after_forward=False)
 
+    def test_stage_two_keeps_the_result(self):
+        self.check(3, 2, micro_batches=2, stage=2)
+
 
 class BadUseTest(unittest.TestCase):
     def test_a_parameter_outside_every_unit(self):
@@ -249,33 +252,38 @@ class MetricsTest(unittest.TestCase):
                                   capture_output=True)
             self.assertEqual(lint.returncode, 0, lint.stdout + lint.stderr)
 
-    def test_keeping_weights_from_forward_fetches_each_unit_once_a_step(self):
+    def test_the_levers_fetch_what_they_say(self):
+        """Bytes fetched in one step of two micro-batches: stage 3 fetches
+        every unit in each forward and each backward (4 times), kept from
+        forward in each forward (2), stage 2 once."""
         directory = tempfile.mkdtemp(prefix="pshard-torch-")
         layout, init = pt.write_job(fresh_model(), directory, policy)
-        fetched = {}
-        with servers(2, 2, layout, init) as job:
-            for rank, keep in ((0, False), (1, True)):
-                model = pt.ShardedModule(fresh_model(), job.addresses, rank, policy, prefetch=2,
-                                         reshard_after_forward=not keep)
-                fetched[keep] = model
+        levers = [{}, {"reshard_after_forward": False}, {"stage": 2}]
+        fetched = [None] * len(levers)
+        with servers(2, len(levers), layout, init, micro_batches=2) as job:
+            models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, prefetch=2, **lever)
+                      for rank, lever in enumerate(levers)]
             errors = []
 
-            def train(keep):
+            def train(rank):
                 try:
-                    loss_of(fetched[keep], *batch(0, int(keep))).backward()
-                    fetched[keep] = fetched[keep].step()["bytes_fetched"]
+                    for micro in range(2):
+                        loss_of(models[rank], *batch(0, rank, micro)).backward()
+                    fetched[rank] = models[rank].step()["bytes_fetched"]
                 except Exception as e:
                     errors.append(e)
-            threads = [threading.Thread(target=train, args=(keep,)) for keep in (False, True)]
+            threads = [threading.Thread(target=train, args=(r,)) for r in range(len(levers))]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
             if errors:
                 raise errors[0]
-        # Stage 3 fetches every unit in forward and again in backward; kept
-        # from forward, once. The same fp32 bytes each time.
-        self.assertEqual(fetched[False], 2 * fetched[True])
+        self.assertEqual(fetched[0], 2 * fetched[1])
+        self.assertEqual(fetched[1], 2 * fetched[2])
+        parameters = sum(p.numel() for p in fresh_model().parameters())
+        self.assertGreater(fetched[2], 4 * parameters)  # fp32, framing on top
+        self.assertLess(fetched[2], 1.1 * 4 * parameters)
 
 
 if __name__ == "__main__":
