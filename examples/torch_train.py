@@ -15,7 +15,6 @@ import json
 import math
 import os
 import tempfile
-import threading
 import time
 
 import torch
@@ -125,29 +124,19 @@ def main():
                                      prefetch=args.prefetch, weight_encoding=args.encoding,
                                      grad_encoding=args.encoding)
                     for rank in range(args.trainers)]
-        errors = []
 
         def train(rank):
-            try:
-                for step in range(args.steps):
-                    loss = lm_loss(trainers[rank], *batch(text, step, rank, args.batch, args.seq_len))
-                    loss.backward()
-                    report = trainers[rank].step(loss.item(), args.batch * args.seq_len)
-                    if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
-                        print(f"step {step}/{args.steps} | loss {loss.item():.3f} | "
-                              f"{report['wall_s'] * 1000:.0f} ms (exposed comm {report['comm_exposed_s'] * 1000:.0f} ms)"
-                              f" | fetched {report['bytes_fetched'] / 2**20:.2f} MiB", flush=True)
-            except Exception as e:
-                errors.append(e)
+            for step in range(args.steps):
+                loss = lm_loss(trainers[rank], *batch(text, step, rank, args.batch, args.seq_len))
+                loss.backward()
+                report = trainers[rank].step(loss.item(), args.batch * args.seq_len)
+                if rank == 0 and (step % args.log_every == 0 or step == args.steps - 1):
+                    print(f"step {step}/{args.steps} | loss {loss.item():.3f} | "
+                          f"{report['wall_s'] * 1000:.0f} ms (exposed comm {report['comm_exposed_s'] * 1000:.0f} ms)"
+                          f" | fetched {report['bytes_fetched'] / 2**20:.2f} MiB", flush=True)
 
         started = time.time()
-        threads = [threading.Thread(target=train, args=(r,)) for r in range(args.trainers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        pt.run_trainers(args.trainers, train)
         print(f"trained {args.steps} steps in {time.time() - started:.1f} s")
 
 

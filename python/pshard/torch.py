@@ -31,6 +31,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -40,7 +41,8 @@ from torch import nn
 from . import _pshard
 from ._paths import BIN_DIR
 
-__all__ = ["ShardedModule", "LocalServers", "layout_of", "write_job", "write_safetensors", "default_weight_decay"]
+__all__ = ["ShardedModule", "LocalServers", "layout_of", "write_job", "write_safetensors", "default_weight_decay",
+           "run_trainers"]
 
 
 def default_weight_decay(name, param):
@@ -242,6 +244,27 @@ class LocalServers:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def run_trainers(count, train):
+    """Runs ``train(rank)`` for ranks 0..count-1, each in its own thread (M
+    trainers of one process: each with its own ShardedModule), and raises
+    the first error any of them raised once all have ended."""
+    errors = []
+
+    def run(rank):
+        try:
+            train(rank)
+        except BaseException as e:  # re-raised below, in the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(rank,), name=f"pshard-trainer-{rank}") for rank in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 class _Saved:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import unittest
 import urllib.request
 
@@ -111,27 +110,17 @@ def train_through_pshard(shards, trainers, micro_batches=1, **levers):
         models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, **levers)
                   for rank in range(trainers)]
         losses = [[] for _ in range(trainers)]
-        errors = []
 
         def train(rank):
-            try:
-                for step in range(STEPS):
-                    for micro in range(micro_batches):
-                        loss = loss_of(models[rank], *batch(step, rank, micro))
-                        loss.backward()
-                        if micro == 0:
-                            losses[rank].append(loss.item())
-                    models[rank].step(losses[rank][-1], BATCH * SEQ * micro_batches)
-            except Exception as e:  # reported by the main thread
-                errors.append(e)
+            for step in range(STEPS):
+                for micro in range(micro_batches):
+                    loss = loss_of(models[rank], *batch(step, rank, micro))
+                    loss.backward()
+                    if micro == 0:
+                        losses[rank].append(loss.item())
+                models[rank].step(losses[rank][-1], BATCH * SEQ * micro_batches)
 
-        threads = [threading.Thread(target=train, args=(r,)) for r in range(trainers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        pt.run_trainers(trainers, train)
         return models[0].gather_weights(), losses[0], models[0]
 
 
@@ -263,22 +252,13 @@ class MetricsTest(unittest.TestCase):
         with servers(2, len(levers), layout, init, micro_batches=2) as job:
             models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, prefetch=2, **lever)
                       for rank, lever in enumerate(levers)]
-            errors = []
 
             def train(rank):
-                try:
-                    for micro in range(2):
-                        loss_of(models[rank], *batch(0, rank, micro)).backward()
-                    fetched[rank] = models[rank].step()["bytes_fetched"]
-                except Exception as e:
-                    errors.append(e)
-            threads = [threading.Thread(target=train, args=(r,)) for r in range(len(levers))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise errors[0]
+                for micro in range(2):
+                    loss_of(models[rank], *batch(0, rank, micro)).backward()
+                fetched[rank] = models[rank].step()["bytes_fetched"]
+
+            pt.run_trainers(len(levers), train)
         self.assertEqual(fetched[0], 2 * fetched[1])
         self.assertEqual(fetched[1], 2 * fetched[2])
         parameters = sum(p.numel() for p in fresh_model().parameters())
