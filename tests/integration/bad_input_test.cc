@@ -598,6 +598,28 @@ TEST_F(BadInputTest, FarFutureFetchesAndNormReportsAreRefusedAtOnce) {
   CompleteStep(1);
 }
 
+// A norm report whose exact sum of squares is not one (a length that is not
+// whole words, too many words, an unknown flag) is refused: the round of
+// the step waits for the shard's real report, and the step closes as ever.
+TEST_F(BadInputTest, AMalformedExactNormIsRefused) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CompleteStep(0);
+  const Snapshot before = TakeSnapshot();
+  for (const std::string& bytes : {std::string(), std::string(3, '\0'), std::string(1 + 8 * 11, '\0'),
+                                   std::string(1, '\x04')}) {
+    grpc::ClientContext ctx;
+    v1::NormReport report;
+    report.set_shard_index(1);
+    report.set_step(1);
+    report.set_sum_of_squares(bytes);
+    report.set_job_fingerprint(JobFingerprint(TinyJob()));
+    v1::NormAgreement agreement;
+    EXPECT_STATUS(stub(0)->AgreeNorm(&ctx, report, &agreement), INVALID_ARGUMENT, "exact sum of squares");
+  }
+  ExpectUnchanged(before);
+  CompleteStep(1);
+}
+
 TEST_F(BadInputTest, BadTrainerRankIsRefused) {
   ASSERT_NO_FATAL_FAILURE(Start());
   const Snapshot before = TakeSnapshot();
