@@ -153,32 +153,40 @@ const SafetensorsTensor* SafetensorsFile::Find(std::string_view name) const {
   return nullptr;
 }
 
-absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
-  if (bytes.size() < 8) return Bad(absl::StrCat(bytes.size(), " bytes, shorter than the header length"));
-  const uint64_t header_bytes = GetU64(bytes);
+const SafetensorsEntry* SafetensorsIndex::Find(std::string_view name) const {
+  for (const SafetensorsEntry& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view head, uint64_t file_size) {
+  if (file_size < 8 || head.size() < 8) {
+    return Bad(absl::StrCat(file_size, " bytes, shorter than the header length"));
+  }
+  const uint64_t header_bytes = GetU64(head);
   if (header_bytes > kSafetensorsMaxHeaderBytes) {
     return Bad(absl::StrCat("a header of ", header_bytes, " bytes (at most ", kSafetensorsMaxHeaderBytes, ")"));
   }
-  if (header_bytes > bytes.size() - 8) {
-    return Bad(absl::StrCat("a header of ", header_bytes, " bytes in a file of ", bytes.size()));
+  if (header_bytes > file_size - 8) {
+    return Bad(absl::StrCat("a header of ", header_bytes, " bytes in a file of ", file_size));
   }
-  absl::StatusOr<JsonValue> header = ParseJson(bytes.substr(8, header_bytes));
+  if (header_bytes > head.size() - 8) {
+    return Bad(absl::StrCat("a header of ", header_bytes, " bytes of which ", head.size() - 8, " were read"));
+  }
+  absl::StatusOr<JsonValue> header = ParseJson(head.substr(8, header_bytes));
   if (!header.ok()) return Bad(absl::StrCat("the header is not JSON (", header.status().message(), ")"));
   if (!header->is_object()) return Bad("the header is not a JSON object");
-  const std::string_view data = bytes.substr(8 + header_bytes);
+  const uint64_t data_start = 8 + header_bytes;
+  const uint64_t data_size = file_size - data_start;
 
-  SafetensorsFile file;
-  struct Span {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Span> spans;
+  SafetensorsIndex index;
   for (const auto& [name, entry] : header->as_object()) {
     if (name == kMetadataKey) {
       if (!entry.is_object()) return Bad("__metadata__ is not an object");
       for (const auto& [k, v] : entry.as_object()) {
         if (!v.is_string()) return Bad(absl::StrCat("__metadata__ entry ", k, " is not a string"));
-        file.metadata[k] = v.as_string();
+        index.metadata[k] = v.as_string();
       }
       continue;
     }
@@ -191,7 +199,7 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
     if (!dtype || !shape || !offsets || entry.as_object().size() != 3) {
       return Bad(absl::StrCat("tensor ", name, " needs exactly dtype, shape and data_offsets"));
     }
-    SafetensorsTensor t;
+    SafetensorsEntry t;
     t.name = name;
     if (dtype->is_string() && dtype->as_string() == "F32") {
       t.dtype = SafetensorsDtype::kF32;
@@ -205,7 +213,7 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
     uint64_t numel = 1;
     bool overflow = false;
     for (const JsonValue& d : shape->as_array()) {
-      const int64_t dim = WholeNumber(d, static_cast<double>(data.size()));
+      const int64_t dim = WholeNumber(d, static_cast<double>(data_size));
       if (dim < 0) return Bad(absl::StrCat("tensor ", name, ": a dimension is not a whole number within the file"));
       t.shape.push_back(dim);
       overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel);
@@ -217,39 +225,52 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
     if (!offsets->is_array() || offsets->as_array().size() != 2) {
       return Bad(absl::StrCat("tensor ", name, ": data_offsets is not [begin, end]"));
     }
-    const int64_t begin = WholeNumber(offsets->as_array()[0], static_cast<double>(data.size()));
-    const int64_t end = WholeNumber(offsets->as_array()[1], static_cast<double>(data.size()));
+    const int64_t begin = WholeNumber(offsets->as_array()[0], static_cast<double>(data_size));
+    const int64_t end = WholeNumber(offsets->as_array()[1], static_cast<double>(data_size));
     if (begin < 0 || end < begin) {
-      return Bad(absl::StrCat("tensor ", name, ": data_offsets are not 0 <= begin <= end <= ", data.size()));
+      return Bad(absl::StrCat("tensor ", name, ": data_offsets are not 0 <= begin <= end <= ", data_size));
     }
-    if (numel > data.size() || numel * SafetensorsDtypeBytes(t.dtype) != static_cast<uint64_t>(end - begin)) {
+    if (numel > data_size || numel * SafetensorsDtypeBytes(t.dtype) != static_cast<uint64_t>(end - begin)) {
       return Bad(absl::StrCat("tensor ", name, ": its shape needs a different size than its ", end - begin,
                               " bytes of data"));
     }
     t.numel = static_cast<int64_t>(numel);
-    spans.push_back({static_cast<uint64_t>(begin), static_cast<uint64_t>(end), file.tensors.size()});
-    file.tensors.push_back(std::move(t));
+    t.offset = static_cast<uint64_t>(begin);  // within the data until they are checked
+    t.bytes = static_cast<uint64_t>(end - begin);
+    index.tensors.push_back(std::move(t));
   }
   // The tensors tile the data: in offset order, each starts where the last ended.
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  std::sort(index.tensors.begin(), index.tensors.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.bytes < b.bytes;
   });
   uint64_t at = 0;
-  for (const Span& s : spans) {
-    if (s.begin != at) {
-      return Bad(absl::StrCat("tensor ", file.tensors[s.index].name, " starts at byte ", s.begin, " of the data, not ",
-                              at, " (tensors overlap or leave a gap)"));
+  for (SafetensorsEntry& t : index.tensors) {
+    if (t.offset != at) {
+      return Bad(absl::StrCat("tensor ", t.name, " starts at byte ", t.offset, " of the data, not ", at,
+                              " (tensors overlap or leave a gap)"));
     }
-    at = s.end;
+    at += t.bytes;
+    t.offset += data_start;
   }
-  if (at != data.size()) return Bad(absl::StrCat(data.size() - at, " bytes after the last tensor"));
-  std::vector<SafetensorsTensor> ordered;
-  ordered.reserve(spans.size());
-  for (const Span& s : spans) {
-    file.tensors[s.index].data.assign(data.substr(s.begin, s.end - s.begin));
-    ordered.push_back(std::move(file.tensors[s.index]));
+  if (at != data_size) return Bad(absl::StrCat(data_size - at, " bytes after the last tensor"));
+  return index;
+}
+
+absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes) {
+  absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(bytes, bytes.size());
+  if (!index.ok()) return index.status();
+  SafetensorsFile file;
+  file.metadata = std::move(index->metadata);
+  file.tensors.reserve(index->tensors.size());
+  for (SafetensorsEntry& e : index->tensors) {
+    SafetensorsTensor t;
+    t.name = std::move(e.name);
+    t.dtype = e.dtype;
+    t.shape = std::move(e.shape);
+    t.numel = e.numel;
+    t.data.assign(bytes.substr(e.offset, e.bytes));
+    file.tensors.push_back(std::move(t));
   }
-  file.tensors = std::move(ordered);
   return file;
 }
 
@@ -261,6 +282,25 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   absl::StatusOr<SafetensorsFile> file = ParseSafetensors(text.str());
   if (!file.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", file.status().message()));
   return file;
+}
+
+absl::StatusOr<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::error_code error;
+  const uint64_t size = std::filesystem::file_size(path, error);
+  if (error) return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", error.message()));
+  std::string head(std::min<uint64_t>(size, 8), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  if (size >= 8 && in) {
+    const uint64_t header_bytes = std::min(GetU64(head), std::min(size - 8, kSafetensorsMaxHeaderBytes));
+    head.resize(8 + header_bytes);
+    in.read(head.data() + 8, static_cast<std::streamsize>(header_bytes));
+  }
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  absl::StatusOr<SafetensorsIndex> index = ParseSafetensorsIndex(head, size);
+  if (!index.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", index.status().message()));
+  return index;
 }
 
 }  // namespace pshard

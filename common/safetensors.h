@@ -73,6 +73,36 @@ struct SafetensorsFile {
   const SafetensorsTensor* Find(std::string_view name) const;
 };
 
+/// Where one tensor of a file lies, from its header: read the bytes
+/// [offset, offset + bytes) of the file for its data.
+struct SafetensorsEntry {
+  std::string name;
+  SafetensorsDtype dtype = SafetensorsDtype::kF32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  uint64_t offset = 0;  ///< from the start of the file
+  uint64_t bytes = 0;
+};
+
+/// A file's header, checked against the file's size: what a reader needs
+/// to take one tensor, or a part of one, without holding the rest.
+struct SafetensorsIndex {
+  std::vector<SafetensorsEntry> tensors;  ///< in the order of their data
+  std::map<std::string, std::string> metadata;
+
+  /// The entry named `name`, or nullptr.
+  const SafetensorsEntry* Find(std::string_view name) const;
+};
+
+/// Parses the header of a file of `file_size` bytes that starts with
+/// `head` (the 8-byte length and the header, at least). The same checks,
+/// and refusals, as ParseSafetensors.
+absl::StatusOr<SafetensorsIndex> ParseSafetensorsIndex(std::string_view head, uint64_t file_size);
+
+/// Reads the header of `path` (and its size), not its data; NotFound when
+/// it cannot be read.
+absl::StatusOr<SafetensorsIndex> ReadSafetensorsIndex(const std::string& path);
+
 /// Parses a whole file held in memory. InvalidArgument naming what is wrong
 /// for anything that is not a well-formed file of F32 and BF16 tensors: a
 /// short or oversized header, JSON that is not an object of tensors, an

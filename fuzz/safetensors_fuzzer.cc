@@ -2,9 +2,11 @@
 // file's bytes. A file that ParseSafetensors reads is written back by
 // EncodeSafetensors to bytes that read back to the same tensors and
 // metadata; and the initial weights of a small layout either load from it
-// or are refused with a message, never half-loaded.
+// or are refused with a message, never half-loaded, and a shard's slice
+// of them is the whole's.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <span>
 #include <string>
@@ -58,8 +60,13 @@ void FuzzSafetensors(std::string_view bytes) {
   }
   Require(weights->fingerprint() != 0, "initial weights with fingerprint 0 (none)");
   std::vector<float> unit(16, -1.0f);
-  weights->FillUnitRange(SmallLayout().units[0], 0, unit);
+  Require(weights->ReadUnitRange(SmallLayout().units[0], 0, unit).ok(), "a loaded file's unit cannot be read");
   for (int i = 9; i < 16; ++i) Require(unit[i] == 0.0f, "padding filled from a file");
+  // A shard's slice, read on its own, is the same part of the whole.
+  std::vector<float> slice(8, -1.0f);
+  Require(weights->ReadUnitRange(SmallLayout().units[0], 4, slice).ok(), "a loaded file's slice cannot be read");
+  Require(std::memcmp(slice.data(), unit.data() + 4, slice.size() * sizeof(float)) == 0,  // bits: NaNs too
+          "a shard's slice of initial weights differs from the whole's");
 }
 
 }  // namespace

@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<ShardState>> ShardState::Create(const JobConfig& 
     auto unit = std::make_unique<UnitState>();
     unit->master->resize(slice.length);
     if (initial != nullptr) {
-      initial->FillUnitRange(state->layout_.spec.units[u], slice.begin, *unit->master);
+      RETURN_IF_ERROR(initial->ReadUnitRange(state->layout_.spec.units[u], slice.begin, *unit->master));
     } else {
       InitializeUnitRange(state->layout_.spec.units[u], job.seed, slice.begin, *unit->master);
     }
