@@ -106,6 +106,10 @@ def main():
                         help="training text (bytes are tokens)")
     parser.add_argument("--prefetch", type=int, default=1)
     parser.add_argument("--encoding", default="bf16", help="wire encoding of weights and gradients")
+    parser.add_argument("--fabric_group", type=int, default=1,
+                        help="trainers per fabric group (1: none): a group splits each fetch and push")
+    parser.add_argument("--secondary_shard", action="store_true",
+                        help="each group member keeps its part of every unit for backward (needs --fabric_group)")
     parser.add_argument("--log_every", type=int, default=10)
     args = parser.parse_args()
 
@@ -122,7 +126,8 @@ def main():
                          warmup_steps=10, total_steps=args.steps, weight_decay=0.1, grad_clip=1.0) as servers:
         trainers = [pt.ShardedModule(TransformerLM(context=args.seq_len), servers.addresses, rank, wrap_policy,
                                      prefetch=args.prefetch, weight_encoding=args.encoding,
-                                     grad_encoding=args.encoding)
+                                     grad_encoding=args.encoding, fabric_group=args.fabric_group,
+                                     reshard_after_forward=args.fabric_group if args.secondary_shard else True)
                     for rank in range(args.trainers)]
 
         def train(rank):

@@ -1,20 +1,29 @@
 // The C++ side of the PyTorch bridge: a trainer's connection to the shard
-// servers (fetch a unit, push its gradient, asynchronously), its metrics
-// endpoint, and the layout checks. python/pshard/torch.py builds on it.
+// servers (fetch a unit, push its gradient, asynchronously), its fabric
+// group (the members split each fetch and reduce before pushing), its
+// metrics endpoint, and the layout checks. python/pshard/torch.py builds on
+// it.
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/layout_file.h"
 #include "common/metrics/metrics_server.h"
+#include "common/reduction_tree.h"
 #include "common/security/security.h"
 #include "pybind11/numpy.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
 #include "trainer_client/busy_clock.h"
+#include "trainer_client/group/group_collective.h"
+#include "trainer_client/group/socket/socket_group.h"
+#include "trainer_client/prefetcher.h"
 #include "trainer_client/shard_client.h"
 #include "trainer_client/trainer_metrics.h"
 
@@ -42,29 +51,37 @@ T Check(absl::StatusOr<T> value) {
 
 class Session;
 
+// A flat fp32 array over `values`, which `owner` keeps alive.
+template <typename Owner>
+py::array_t<float> ArrayOver(std::vector<float>& values, Owner owner) {
+  auto* held = new Owner(std::move(owner));
+  py::capsule base(held, [](void* p) { delete static_cast<Owner*>(p); });
+  return py::array_t<float>({static_cast<py::ssize_t>(values.size())}, {sizeof(float)}, values.data(), base);
+}
+
 /// One fetch or push in flight.
 class Transfer {
  public:
-  Transfer(std::shared_ptr<UnitTransfer> transfer, Session* session, bool fetch)
-      : transfer_(std::move(transfer)), session_(session), fetch_(fetch) {}
+  /// `group`: the session whose fabric group gathers the fetch's other
+  /// shards (null: it fetched them all).
+  Transfer(std::shared_ptr<UnitTransfer> transfer, Session* group, Session* session, int unit, bool fetch)
+      : transfer_(std::move(transfer)), group_(group), session_(session), unit_(unit), fetch_(fetch) {}
   /// Blocks (without the GIL) until done; raises on failure.
   void Wait();
   bool done() const { return transfer_->done(); }
   /// A fetch's values, fp32, the unit's padded length: the client's own
-  /// buffer, not a copy; it lives as long as the array does.
-  py::array_t<float> Values() {
-    if (!fetch_) throw py::value_error("a push has no values");
-    Wait();
-    auto* owner = new std::shared_ptr<UnitTransfer>(transfer_);
-    py::capsule base(owner, [](void* p) { delete static_cast<std::shared_ptr<UnitTransfer>*>(p); });
-    std::vector<float>& values = transfer_->values();
-    return py::array_t<float>({static_cast<py::ssize_t>(values.size())}, {sizeof(float)}, values.data(), base);
-  }
+  /// buffer, not a copy; it lives as long as the array does. In a fabric
+  /// group, the first call all-gathers the other members' shards (a
+  /// collective: every member takes its units' values in the same order).
+  py::array_t<float> Values();
 
  private:
   std::shared_ptr<UnitTransfer> transfer_;
+  Session* group_;
   Session* session_;
+  int unit_;
   bool fetch_;
+  bool gathered_ = false;
 };
 
 /// A trainer's connection, and the accounting of its steps.
@@ -116,11 +133,99 @@ class Session {
   }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
-  std::unique_ptr<Transfer> Fetch(int unit, int64_t version) {
+  /// Joins the fabric group of `size` consecutive ranks that holds this
+  /// trainer (they meet at shard 0, then talk over TCP on `host`): from
+  /// then on each member fetches and pushes only its shards of every unit,
+  /// and the group all-gathers the weights and reduces the gradients.
+  /// ValueError for a size that does not fit the job's trainers.
+  void JoinGroup(int size, const std::string& host) {
+    if (group_ != nullptr) throw py::value_error("this trainer has joined its fabric group already");
+    const JobConfig& job = client_->job();
+    const int rank = client_->options().trainer_rank;
+    if (size < 2) throw py::value_error(absl::StrCat("a fabric group of ", size, " trainers: it needs 2 or more"));
+    const int first = rank - rank % size;
+    if (first + size > job.num_trainers || !IsReductionTreeNode(job.num_trainers, first, size)) {
+      throw py::value_error(absl::StrCat("a fabric group of ranks [", first, ", ", first + size,
+                                         ") does not align with the ", job.num_trainers,
+                                         " trainers' reduction tree (use aligned power-of-two groups)"));
+    }
+    const int member = rank - first;
+    std::vector<int> ranks;
+    for (int r = first; r < first + size; ++r) ranks.push_back(r);
+    const std::string key = absl::StrCat("fabric:", absl::StrJoin(ranks, ","));
+    ShardClient* client = client_.get();
+    const absl::Duration timeout = client_->options().join_timeout;
+    const RendezvousFn rendezvous = [client, key, member, size, timeout](const std::string& payload) {
+      return client->Rendezvous(key, member, size, payload, timeout);
+    };
+    absl::StatusOr<std::unique_ptr<GroupCollective>> joined = absl::UnknownError("not joined");
+    {
+      py::gil_scoped_release unlocked;
+      joined = JoinSocketGroup(host, member, size, rendezvous, client_->options().rpc_timeout);
+    }
+    group_ = Check(std::move(joined));
+    my_shards_ = MemberShards(job.num_shards, size, member);
+  }
+  int group_size() const { return group_ ? group_->size() : 1; }
+
+  /// Starts fetching `unit` at `version`: in a fabric group, this member's
+  /// shards (Values gathers the rest), or with `alone` every shard.
+  std::unique_ptr<Transfer> Fetch(int unit, int64_t version, bool alone) {
     CheckUnit(unit);
-    std::shared_ptr<UnitTransfer> t = client_->StartFetch(unit, version);
+    const bool grouped = group_ != nullptr && !alone;
+    std::shared_ptr<UnitTransfer> t =
+        client_->StartFetch(unit, version, grouped ? my_shards_ : std::optional<std::vector<int>>());
     Remember(t, /*fetch=*/true);
-    return std::make_unique<Transfer>(std::move(t), this, true);
+    return std::make_unique<Transfer>(std::move(t), grouped ? this : nullptr, this, unit, true);
+  }
+
+  /// All-gathers `values` (this member's shards of `unit` valid) in the
+  /// group; a no-op without one. Raises on failure.
+  void Gather(int unit, std::vector<float>& values) {
+    if (group_ == nullptr) return;
+    const UnitPartition& p = client_->layout().partitions[unit];
+    const GroupOwnership owned = ShardOwnership(p, group_->size());
+    const absl::Time start = absl::Now();
+    absl::Status s;
+    {
+      py::gil_scoped_release unlocked;
+      s = group_->AllGather(values, owned);
+    }
+    AddWait(start, absl::Now());
+    if (!s.ok()) Raise(s);
+    absl::MutexLock lock(&mu_);
+    fabric_gathered_ += 4 * (p.padded_numel() - RangeElements(owned[group_->rank()]));
+  }
+
+  /// This member's part of a unit's fetched weights (its shards' ranges),
+  /// a copy: what it keeps from forward to backward as its secondary shard.
+  py::array_t<float> OwnPart(int unit, py::array_t<float, py::array::c_style | py::array::forcecast> weights) {
+    CheckUnit(unit);
+    if (group_ == nullptr) throw py::value_error("a secondary shard needs a fabric group");
+    const UnitPartition& p = client_->layout().partitions[unit];
+    if (weights.ndim() != 1 || weights.shape(0) != p.padded_numel()) {
+      throw py::value_error(absl::StrCat("unit ", unit, " has ", p.padded_numel(), " padded elements"));
+    }
+    const std::vector<ElementRange> mine = ShardOwnership(p, group_->size())[group_->rank()];
+    py::array_t<float> part(RangeElements(mine));
+    PackRanges(std::span<const float>(weights.data(), p.padded_numel()), mine, part.mutable_data());
+    return part;
+  }
+
+  /// The unit's weights again from every member's part (a collective).
+  py::array_t<float> Regather(int unit, py::array_t<float, py::array::c_style | py::array::forcecast> part) {
+    CheckUnit(unit);
+    if (group_ == nullptr) throw py::value_error("a secondary shard needs a fabric group");
+    const UnitPartition& p = client_->layout().partitions[unit];
+    const std::vector<ElementRange> mine = ShardOwnership(p, group_->size())[group_->rank()];
+    if (part.ndim() != 1 || part.shape(0) != RangeElements(mine)) {
+      throw py::value_error(absl::StrCat("this member's part of unit ", unit, " has ", RangeElements(mine),
+                                         " elements"));
+    }
+    auto values = std::make_shared<std::vector<float>>(p.padded_numel(), 0.0f);
+    UnpackRanges(part.data(), mine, *values);
+    Gather(unit, *values);
+    return ArrayOver(*values, values);
   }
 
   std::unique_ptr<Transfer> Push(int unit, int64_t step, py::array_t<float, py::array::c_style | py::array::forcecast> grads,
@@ -136,9 +241,29 @@ class Session {
     std::copy_n(grads.data(), grads.shape(0) == padded ? numel : grads.shape(0), values.begin());
     ShardClient::PushOptions push;
     push.micro_batch = micro_batch;
+    if (group_ != nullptr) {
+      // The group's sum of this member's shards, pushed for all of it (a
+      // collective, in the order every member pushes).
+      const GroupOwnership owned = ShardOwnership(client_->layout().partitions[unit], group_->size());
+      const absl::Time start = absl::Now();
+      absl::Status s;
+      {
+        py::gil_scoped_release unlocked;
+        s = group_->ReduceScatter(values, owned);
+      }
+      AddWait(start, absl::Now());
+      if (!s.ok()) Raise(s);
+      {
+        absl::MutexLock lock(&mu_);
+        fabric_reduced_ += 4 * (group_->size() - 1) * RangeElements(owned[group_->rank()]);
+      }
+      push.first_rank = client_->options().trainer_rank - group_->rank();
+      push.rank_count = group_->size();
+      push.shards = my_shards_;
+    }
     std::shared_ptr<UnitTransfer> t = client_->StartPush(unit, step, std::move(values), push);
     Remember(t, /*fetch=*/false);
-    return std::make_unique<Transfer>(std::move(t), this, false);
+    return std::make_unique<Transfer>(std::move(t), nullptr, this, unit, false);
   }
 
   void AddWait(absl::Time start, absl::Time end) {
@@ -175,6 +300,8 @@ class Session {
       report.times.compute = std::clamp(model_.Total() - report.times.comm_exposed, absl::ZeroDuration(),
                                         report.times.wall - report.times.comm_exposed);
       report.times.other = report.times.wall - report.times.comm_exposed - report.times.compute;
+      report.fabric_gathered = std::exchange(fabric_gathered_, 0);
+      report.fabric_reduced = std::exchange(fabric_reduced_, 0);
       transfers_.clear();
       waits_ = IntervalUnion();
       model_ = IntervalUnion();
@@ -189,6 +316,8 @@ class Session {
     d["other_s"] = absl::ToDoubleSeconds(report.times.other);
     d["bytes_fetched"] = report.bytes_fetched;
     d["bytes_pushed"] = report.bytes_pushed;
+    d["fabric_gathered"] = report.fabric_gathered;
+    d["fabric_reduced"] = report.fabric_reduced;
     return d;
   }
 
@@ -207,12 +336,26 @@ class Session {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<ShardClient> client_;
   std::unique_ptr<TrainerMetrics> metrics_;
+  std::unique_ptr<GroupCollective> group_;    // null: no fabric group
+  std::optional<std::vector<int>> my_shards_;  // unset: every shard
   absl::Mutex mu_;
+  int64_t fabric_gathered_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fabric_reduced_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::pair<std::shared_ptr<UnitTransfer>, bool>> transfers_ ABSL_GUARDED_BY(mu_);
   IntervalUnion waits_ ABSL_GUARDED_BY(mu_);
   IntervalUnion model_ ABSL_GUARDED_BY(mu_);
   absl::Time step_started_ ABSL_GUARDED_BY(mu_);
 };
+
+py::array_t<float> Transfer::Values() {
+  if (!fetch_) throw py::value_error("a push has no values");
+  Wait();
+  if (group_ != nullptr && !gathered_) {
+    group_->Gather(unit_, transfer_->values());
+    gathered_ = true;
+  }
+  return ArrayOver(transfer_->values(), transfer_);
+}
 
 void Transfer::Wait() {
   const absl::Time start = absl::Now();
@@ -275,7 +418,11 @@ PYBIND11_MODULE(_pshard, m) {
       .def("job", &Session::Job)
       .def("padded_numel", &Session::PaddedNumel)
       .def("metrics_port", &Session::metrics_port)
-      .def("fetch", &Session::Fetch, py::arg("unit"), py::arg("version"))
+      .def("join_group", &Session::JoinGroup, py::arg("size"), py::arg("host") = "127.0.0.1")
+      .def("group_size", &Session::group_size)
+      .def("own_part", &Session::OwnPart, py::arg("unit"), py::arg("weights"))
+      .def("regather", &Session::Regather, py::arg("unit"), py::arg("part"))
+      .def("fetch", &Session::Fetch, py::arg("unit"), py::arg("version"), py::arg("alone") = false)
       .def("push", &Session::Push, py::arg("unit"), py::arg("step"), py::arg("grads"), py::arg("micro_batch") = 0)
       .def("add_model_time", &Session::AddModelTime)
       .def("record_step", &Session::RecordStep, py::arg("step"), py::arg("loss"), py::arg("tokens"));

@@ -302,9 +302,18 @@ class ShardedModule(nn.Module):
     servers' --weight_decay is the rate). ``prefetch``, ``weight_encoding``,
     ``grad_encoding``, ``quant_block``, ``error_feedback``,
     ``reshard_after_forward`` and ``stage`` (3, or 2: every unit fetched once
-    a step and kept for all its micro-batches) are the C++ trainer's levers
-    (fabric groups and the secondary shard are not). Raises ValueError when
-    the servers run another job.
+    a step and kept for all its micro-batches) are the C++ trainer's levers.
+
+    ``fabric_group=G`` puts this trainer in the fabric group of G
+    consecutive ranks (aligned, a power of two): each member fetches and
+    pushes only its shards of every unit, and the group all-gathers the
+    weights and reduces the gradients over TCP on ``group_host`` (they meet
+    at shard 0 at the first forward). Every member must run the same
+    passes. ``reshard_after_forward=G`` (the group's size) is the secondary
+    shard: each member keeps its 1/G of every unit from forward, and
+    backward all-gathers the unit in the group instead of fetching it.
+    Raises ValueError when the servers run another job or the levers do not
+    fit together.
 
     A training step: forward, ``loss.backward()`` (once per micro-batch the
     job reduces), then ``step()``.
@@ -312,12 +321,23 @@ class ShardedModule(nn.Module):
 
     def __init__(self, module, servers, rank, auto_wrap_policy, weight_decay=default_weight_decay, prefetch=1,
                  reshard_after_forward=True, stage=3, weight_encoding="fp32", grad_encoding="fp32", quant_block=64,
-                 error_feedback=True, transport="auto", metrics_address="", join_timeout=30.0, rpc_timeout=120.0):
+                 error_feedback=True, transport="auto", metrics_address="", join_timeout=30.0, rpc_timeout=120.0,
+                 fabric_group=1, group_host="127.0.0.1"):
         super().__init__()
         if prefetch < 0:
             raise ValueError(f"prefetch depth {prefetch} must be >= 0")
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage {stage}: 3 fetches the weights pass by pass, 2 (or 1) once per step")
+        if not isinstance(fabric_group, int) or isinstance(fabric_group, bool) or fabric_group < 1:
+            raise ValueError(f"fabric_group={fabric_group!r}: the size of this trainer's fabric group (1: none)")
+        secondary = 0
+        if not isinstance(reshard_after_forward, bool):
+            secondary = reshard_after_forward
+            if not isinstance(secondary, int) or secondary < 2 or secondary != fabric_group:
+                raise ValueError(f"reshard_after_forward={reshard_after_forward!r}: True, False, or the fabric "
+                                 f"group's size ({fabric_group}) for a secondary shard within it")
+            if stage < 3:
+                raise ValueError("a secondary shard is a stage-3 lever: at stage 2 every unit stays for the step")
         self.module = module
         self._units = _units_of(module, auto_wrap_policy)
         ours = _pshard.canonical_layout(json.dumps(_layout_document(module, self._units, weight_decay)))
@@ -332,8 +352,12 @@ class ShardedModule(nn.Module):
         self.version = self.job["joined_step"]
         self.rank = rank
         self.prefetch = prefetch
-        self.reshard_after_forward = reshard_after_forward
+        self.reshard_after_forward = reshard_after_forward is not False
+        self.secondary_shard = secondary
         self.stage = stage
+        self.fabric_group = fabric_group
+        self._group_host = group_host
+        self._parts = {}         # unit -> this member's part, kept from forward (secondary shard)
         self._accumulators = []
         for unit in self._units:
             unit.padded = self._session.padded_numel(unit.index)
@@ -381,8 +405,11 @@ class ShardedModule(nn.Module):
         transfer = self._start_fetch(unit.index, purpose)
         for other in following[:self.prefetch]:
             self._start_fetch(other.index, purpose)
-        values = torch.from_numpy(transfer.values())
+        fetched = transfer.values()
         del self._fetches[(unit.index, self.version, purpose)]
+        if self.secondary_shard and purpose == "forward" and torch.is_grad_enabled():
+            self._parts[unit.index] = self._session.own_part(unit.index, fetched)
+        values = torch.from_numpy(fetched)
         weights = values if unit.dtype == torch.float32 else values.to(unit.dtype)
         if self.stage < 3:
             self._resident[unit.index] = weights
@@ -435,12 +462,17 @@ class ShardedModule(nn.Module):
         weights = self._kept.get(unit.index)
         if weights is None:
             weights = self._backward_weights.get(unit.index)
+        if weights is None and unit.index in self._parts:
+            # The secondary shard: the unit again from the group's parts.
+            values = torch.from_numpy(self._session.regather(unit.index, self._parts.pop(unit.index)))
+            weights = values if unit.dtype == torch.float32 else values.to(unit.dtype)
+            self._backward_weights[unit.index] = weights
         if weights is None:
             # The units backward reaches next that it will fetch: not those
             # kept from forward, fetched already, or done.
             pending = [u for u in reversed(self._units[:unit.index])
                        if u.index not in self._backward_weights and u.index not in self._kept
-                       and u.index not in self._done]
+                       and u.index not in self._done and u.index not in self._parts]
             weights = self._weights(unit, "backward", pending)
             self._backward_weights[unit.index] = weights
         return weights.as_strided(saved.size, saved.stride, saved.offset)
@@ -498,6 +530,10 @@ class ShardedModule(nn.Module):
     # ---- the step ----
 
     def forward(self, *args, **kwargs):
+        if self.fabric_group > 1 and self._session.group_size() == 1:
+            # Here, not when wrapped: the members meet, and one process may
+            # wrap all of its trainers before any of them runs.
+            self._session.join_group(self.fabric_group, self._group_host)
         started = time.time()
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             out = self.module(*args, **kwargs)
@@ -526,15 +562,17 @@ class ShardedModule(nn.Module):
         self._fetches.clear()
         self._kept.clear()
         self._resident.clear()
+        self._parts.clear()
         return report
 
     def gather_weights(self):
-        """Every parameter's values at the current version, by name (copies)."""
+        """Every parameter's values at the current version, by name (copies),
+        fetched from every shard by this trainer alone."""
         out = {}
         for unit in self._units:
-            weights = self._weights(unit, "gather", [])
+            weights = torch.from_numpy(self._session.fetch(unit.index, self.version, alone=True).values())
             for p in unit.params:
-                out[p.name] = weights[p.offset:p.offset + p.numel].view(p.shape).clone()
+                out[p.name] = weights[p.offset:p.offset + p.numel].view(p.shape).to(unit.dtype).clone()
         return out
 
     def metrics_port(self):

@@ -161,6 +161,14 @@ class ParityTest(unittest.TestCase):
     def test_stage_two_keeps_the_result(self):
         self.check(3, 2, micro_batches=2, stage=2)
 
+    def test_a_fabric_group_keeps_the_result(self):
+        # Two trainers in one fabric group: each fetches and pushes its
+        # shards, the group gathers the weights and reduces the gradients.
+        self.check(3, 2, micro_batches=2, fabric_group=2)
+
+    def test_the_secondary_shard_keeps_the_result(self):
+        self.check(3, 2, micro_batches=2, fabric_group=2, reshard_after_forward=2)
+
 
 class BadUseTest(unittest.TestCase):
     def test_a_parameter_outside_every_unit(self):
@@ -202,6 +210,22 @@ class BadUseTest(unittest.TestCase):
             loss_of(model, *batch(0, 0)).backward()
             with self.assertRaisesRegex(RuntimeError, "ran 1 backward passes; the job reduces 2"):
                 model.step()
+
+
+    def test_levers_that_do_not_fit_together(self):
+        model = fresh_model()
+        for levers, message in [({"fabric_group": 0}, "fabric_group=0"),
+                                ({"fabric_group": 2, "reshard_after_forward": 4}, "the fabric group's size \\(2\\)"),
+                                ({"reshard_after_forward": 2}, "the fabric group's size \\(1\\)"),
+                                ({"fabric_group": 2, "reshard_after_forward": 2, "stage": 2}, "stage-3 lever")]:
+            with self.assertRaisesRegex(ValueError, message):
+                pt.ShardedModule(model, ["127.0.0.1:1"], 0, policy, **levers)
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(fresh_model(), directory, policy)
+        with servers(2, 1, layout, init) as job:
+            alone = pt.ShardedModule(fresh_model(), job.addresses, 0, policy, fabric_group=2)
+            with self.assertRaisesRegex(ValueError, r"ranks \[0, 2\) does not align with the 1 trainers"):
+                alone(batch(0, 0)[0])
 
 
 class MetricsTest(unittest.TestCase):
@@ -264,6 +288,45 @@ class MetricsTest(unittest.TestCase):
         parameters = sum(p.numel() for p in fresh_model().parameters())
         self.assertGreater(fetched[2], 4 * parameters)  # fp32, framing on top
         self.assertLess(fetched[2], 1.1 * 4 * parameters)
+
+    def test_a_fabric_group_fetches_its_share(self):
+        """One step of two micro-batches by two fabric groups of two: each
+        member fetches its half of every unit (shard 0 or 1 of 2) in each
+        forward and backward, and the group gathers the other half; with
+        the secondary shard, backward gathers the unit from the members'
+        parts and fetches nothing."""
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(fresh_model(), directory, policy)
+        levers = [{}, {}, {"reshard_after_forward": 2}, {"reshard_after_forward": 2}]
+        reports = [None] * len(levers)
+        with servers(2, len(levers), layout, init, micro_batches=2) as job:
+            models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, fabric_group=2, **lever)
+                      for rank, lever in enumerate(levers)]
+
+            def train(rank):
+                for micro in range(2):
+                    loss_of(models[rank], *batch(0, rank, micro)).backward()
+                reports[rank] = models[rank].step()
+
+            pt.run_trainers(len(levers), train)
+        fetched = [r["bytes_fetched"] for r in reports]
+        self.assertEqual(fetched[0], 2 * fetched[2])  # member 0 of each group: shard 0
+        self.assertEqual(fetched[1], 2 * fetched[3])
+        parameters = sum(p.numel() for p in fresh_model().parameters())
+        halves = fetched[0] + fetched[1]  # the group's fetches: every unit, 4 times
+        self.assertGreater(halves, 4 * 4 * parameters)
+        self.assertLess(halves, 1.1 * 4 * 4 * parameters)
+        for r in reports:
+            self.assertGreater(r["fabric_gathered"], 0)
+            self.assertGreater(r["fabric_reduced"], 0)
+        # Gathered from the other member: its half (padding included), fp32,
+        # in every pass.
+        gathered = reports[0]["fabric_gathered"] + reports[1]["fabric_gathered"]
+        self.assertGreaterEqual(gathered, 4 * 4 * parameters)
+        self.assertLess(gathered, 1.1 * 4 * 4 * parameters)
+        # With the secondary shard, backward gathers from parts as much as
+        # forward gathers from fetches.
+        self.assertEqual(reports[2]["fabric_gathered"], reports[0]["fabric_gathered"])
 
 
 if __name__ == "__main__":
