@@ -124,6 +124,26 @@ def train_through_pshard(shards, trainers, micro_batches=1, **levers):
         return models[0].gather_weights(), losses[0], models[0]
 
 
+def one_step_each(levers):
+    """One step of two micro-batches over 2 servers by a trainer for each
+    entry of ``levers`` (its ShardedModule's keyword arguments), all at
+    once; their step reports."""
+    directory = tempfile.mkdtemp(prefix="pshard-torch-")
+    layout, init = pt.write_job(fresh_model(), directory, policy)
+    reports = [None] * len(levers)
+    with servers(2, len(levers), layout, init, micro_batches=2) as job:
+        models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, **lever)
+                  for rank, lever in enumerate(levers)]
+
+        def train(rank):
+            for micro in range(2):
+                loss_of(models[rank], *batch(0, rank, micro)).backward()
+            reports[rank] = models[rank].step()
+
+        pt.run_trainers(len(levers), train)
+    return reports
+
+
 class ParityTest(unittest.TestCase):
     def check(self, shards, trainers, micro_batches=1, **levers):
         want, want_losses = reference(trainers, micro_batches)
@@ -269,20 +289,9 @@ class MetricsTest(unittest.TestCase):
         """Bytes fetched in one step of two micro-batches: stage 3 fetches
         every unit in each forward and each backward (4 times), kept from
         forward in each forward (2), stage 2 once."""
-        directory = tempfile.mkdtemp(prefix="pshard-torch-")
-        layout, init = pt.write_job(fresh_model(), directory, policy)
-        levers = [{}, {"reshard_after_forward": False}, {"stage": 2}]
-        fetched = [None] * len(levers)
-        with servers(2, len(levers), layout, init, micro_batches=2) as job:
-            models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, prefetch=2, **lever)
-                      for rank, lever in enumerate(levers)]
-
-            def train(rank):
-                for micro in range(2):
-                    loss_of(models[rank], *batch(0, rank, micro)).backward()
-                fetched[rank] = models[rank].step()["bytes_fetched"]
-
-            pt.run_trainers(len(levers), train)
+        reports = one_step_each([{"prefetch": 2}, {"prefetch": 2, "reshard_after_forward": False},
+                                 {"prefetch": 2, "stage": 2}])
+        fetched = [r["bytes_fetched"] for r in reports]
         self.assertEqual(fetched[0], 2 * fetched[1])
         self.assertEqual(fetched[1], 2 * fetched[2])
         parameters = sum(p.numel() for p in fresh_model().parameters())
@@ -295,20 +304,8 @@ class MetricsTest(unittest.TestCase):
         forward and backward, and the group gathers the other half; with
         the secondary shard, backward gathers the unit from the members'
         parts and fetches nothing."""
-        directory = tempfile.mkdtemp(prefix="pshard-torch-")
-        layout, init = pt.write_job(fresh_model(), directory, policy)
-        levers = [{}, {}, {"reshard_after_forward": 2}, {"reshard_after_forward": 2}]
-        reports = [None] * len(levers)
-        with servers(2, len(levers), layout, init, micro_batches=2) as job:
-            models = [pt.ShardedModule(fresh_model(), job.addresses, rank, policy, fabric_group=2, **lever)
-                      for rank, lever in enumerate(levers)]
-
-            def train(rank):
-                for micro in range(2):
-                    loss_of(models[rank], *batch(0, rank, micro)).backward()
-                reports[rank] = models[rank].step()
-
-            pt.run_trainers(len(levers), train)
+        secondary = {"fabric_group": 2, "reshard_after_forward": 2}
+        reports = one_step_each([{"fabric_group": 2}, {"fabric_group": 2}, secondary, secondary])
         fetched = [r["bytes_fetched"] for r in reports]
         self.assertEqual(fetched[0], 2 * fetched[2])  # member 0 of each group: shard 0
         self.assertEqual(fetched[1], 2 * fetched[3])
