@@ -484,6 +484,32 @@ def teardown_keeps_checkpoints(stack, servers, steps):
     log(f"{stack.name}: restarted servers resumed at step {steps} from their volumes")
 
 
+def remove_stale_stacks(env):
+    """Removes the stacks that earlier runs of this test left behind: a run
+    killed mid-way (a timeout, a machine that restarted) never tears down,
+    and its containers keep publishing a host port, so that every later
+    connection to that port on this machine is forwarded into a container
+    and a local server that is given the port cannot be reached."""
+    projects = run(["podman", "ps", "-a", "--filter", "label=io.podman.compose.project", "--format",
+                    '{{index .Labels "io.podman.compose.project"}}'], env=env).split()
+    for project in sorted(set(projects)):
+        m = re.fullmatch(r"pshard-e2e-(?:slow-)?(\d+)", project)
+        if not m or os.path.exists(f"/proc/{m.group(1)}"):
+            continue  # not this test's, or its run is still going
+        label = f"label=io.podman.compose.project={project}"
+        containers = run(["podman", "ps", "-a", "-q", "--filter", label], env=env).split()
+        if containers:
+            run(["podman", "rm", "-f", *containers], env=env, timeout=180)
+        volumes = run(["podman", "volume", "ls", "-q", "--filter", label], env=env).split()
+        if volumes:
+            run(["podman", "volume", "rm", "-f", *volumes], env=env)
+        network = f"{project}_default"
+        if subprocess.run(["podman", "network", "exists", network], env=env).returncode == 0:
+            run(["podman", "network", "rm", "-f", network], env=env)
+        log(f"removed {project}, left behind by a run that did not end: {len(containers)} containers, "
+            f"{len(volumes)} volumes")
+
+
 def teardown(stack):
     stack.compose("down", "-v", timeout=180)
     left = stack.containers()
@@ -525,6 +551,7 @@ def test_e2e():
     check(m, f"containers-setup.sh printed no CONTAINERS_CONF: {setup}")
     env["CONTAINERS_CONF"] = m.group(1)
     check_name_resolution(env)
+    remove_stale_stacks(env)
     build_images(env)
 
     services = compose_services(os.path.join(COMPOSE_DIR, "compose.yaml"))
