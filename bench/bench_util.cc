@@ -49,7 +49,14 @@ absl::StatusOr<int> PickFreePort() {
   return ntohs(addr.sin_port);
 }
 
-absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds) {
+bool MeetsFloor(const std::string& what, double ratio, double goal, double fraction) {
+  if (ratio >= fraction * goal) return true;
+  std::fprintf(stderr, "below the floor: %s ratio %.2f < %.2f (%.2f of the goal %.2f)\n", what.c_str(), ratio,
+               fraction * goal, fraction, goal);
+  return false;
+}
+
+absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds, int streams) {
   absl::StatusOr<int> port = PickFreePort();
   if (!port.ok()) return port.status();
   absl::StatusOr<ChildProcess> server =
@@ -57,7 +64,7 @@ absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds) {
   if (!server.ok()) return server.status();
   absl::SleepFor(absl::Milliseconds(500));
   const std::string cmd =
-      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", *port, " -t ", seconds, " -J 2>&1");
+      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", *port, " -t ", seconds, " -P ", streams, " -J 2>&1");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("cannot run iperf3");
   std::string out;
@@ -65,7 +72,7 @@ absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds) {
   while (size_t n = fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
   pclose(pipe);
   server->WaitUntil(absl::Now() + absl::Seconds(5));
-  // The receiver's total: "sum_received": { ... "bits_per_second": X
+  // The receiver's total over every stream: "sum_received": { ... "bits_per_second": X
   std::smatch m;
   if (!std::regex_search(out, m, std::regex(R"re("sum_received"\s*:\s*\{[^}]*"bits_per_second"\s*:\s*([0-9.e+]+))re"))) {
     return absl::InternalError(absl::StrCat("could not read iperf3's result:\n", out.substr(0, 2000)));

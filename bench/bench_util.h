@@ -18,9 +18,15 @@ JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards)
 /// Prints the status and returns an exit code for main().
 int Fail(const absl::Status& status);
 
-/// Runs iperf3 (server and one client stream) on 127.0.0.1 for `seconds`
-/// and returns the received bytes per second.
-absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds);
+/// Runs iperf3 (a server and one client with `streams` parallel streams,
+/// iperf3 -P) on 127.0.0.1 for `seconds` and returns the bytes per second
+/// received over all streams together.
+absl::StatusOr<double> IperfLoopbackBytesPerSecond(int seconds, int streams);
+
+/// A benchmark's floor, for the `perf` test label: true when `ratio` is at
+/// least `fraction` of `goal` (always when `fraction` is 0); otherwise prints
+/// which figure fell short and returns false.
+bool MeetsFloor(const std::string& what, double ratio, double goal, double fraction);
 
 /// Resident and peak resident memory of a process, in bytes.
 struct ProcessMemory {

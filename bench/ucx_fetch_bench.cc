@@ -2,7 +2,9 @@
 // servers into one trainer buffer, against ucx_perftest (UCP active-message
 // bandwidth, rendezvous at this size) with the same UCX_TLS and the message
 // size of one server's slice (unit / N), measured in the same run.
-// Prints the ratio for every UCX_TLS given (goal >= 0.9).
+// Prints the ratio for every UCX_TLS given (goal >= 0.9), and the transports
+// the links used: a UCX_TLS whose first transport the links do not use (UCX
+// fell back to another) is an error.
 #include <algorithm>
 #include <cmath>
 #include <csignal>
@@ -31,6 +33,8 @@ ABSL_FLAG(std::string, tls, "sysv,cma;tcp",
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, perftest_test, "ucp_am_bw", "ucx_perftest test (UCP active messages, as pshard)");
 ABSL_FLAG(int, perftest_iters, 300, "ucx_perftest timed messages");
+ABSL_FLAG(double, fail_below, 0,
+          "exit 1 when a ratio is below this fraction of the goal (the perf test: 0.5); 0: never");
 
 namespace {
 
@@ -63,7 +67,7 @@ absl::StatusOr<FetchResult> MeasureFetch() {
   FetchResult result;
   result.bytes = (*client)->layout().partitions[unit].padded_numel() * 4;
   result.slice_bytes = result.bytes / n;
-  result.transport = (*client)->transport_name(0);
+  result.transport = (*client)->transport_description(0);
   std::vector<double> seconds;
   for (int r = 0; r <= absl::GetFlag(FLAGS_repeats); ++r) {
     const absl::Time start = absl::Now();
@@ -118,12 +122,21 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   pshard::ReuseFreedMemory();  // as pshard-server and pshard-trainer do
   std::vector<std::string> all_tls = absl::StrSplit(absl::GetFlag(FLAGS_tls), ';', absl::SkipEmpty());
+  bool met = true;
   for (const std::string& tls : all_tls) {
     // Read by every UCP context created from here on: the servers', the
     // trainer's and ucx_perftest's (which inherits it).
     setenv("UCX_TLS", tls.c_str(), 1);
     absl::StatusOr<FetchResult> fetch = MeasureFetch();
     if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
+    // "sysv,cma": the links run over sysv; an alias ("shm", "all") is not checked.
+    const std::string first = std::vector<std::string>(absl::StrSplit(tls, ',')).front();
+    const bool alias = first == "shm" || first == "sm" || first == "all" || first == "rc" || first == "ud";
+    if (!alias && fetch->transport.find(absl::StrCat(" ", first, "/")) == std::string::npos &&
+        fetch->transport.find(absl::StrCat("+ ", first, "/")) == std::string::npos) {
+      return pshard::bench::Fail(absl::FailedPreconditionError(absl::StrCat(
+          "UCX_TLS=", tls, " but the links run ", fetch->transport, ": UCX fell back to another transport")));
+    }
     absl::StatusOr<double> perftest = PerftestBytesPerSecond(fetch->slice_bytes);
     if (!perftest.ok()) return pshard::bench::Fail(perftest.status());
     const double fetch_gbps = fetch->bytes / fetch->median_s / 1e9;
@@ -137,6 +150,8 @@ int main(int argc, char** argv) {
                 absl::GetFlag(FLAGS_perftest_iters));
     std::printf("  ratio        : %.2f (goal >= 0.90)\n", fetch_gbps / perf_gbps);
     std::fflush(stdout);
+    met &= pshard::bench::MeetsFloor(absl::StrCat("UCX_TLS=", tls), fetch_gbps / perf_gbps, 0.9,
+                                     absl::GetFlag(FLAGS_fail_below));
   }
-  return 0;
+  return met ? 0 : 1;
 }

@@ -5,13 +5,18 @@
 # Extra arguments go to both ctest runs, e.g.
 #   tools/test.sh -L unit        only the unit tests
 #   tools/test.sh -LE slow       everything but the slow ones
-# PSHARD_TEST_CUDA=0 skips the CUDA configuration; =1 requires it.
+# PSHARD_TEST_CUDA=0 skips the CUDA configuration; =1 requires it. Both
+# configurations require UCX and the PyTorch bridge (configure fails
+# without them, rather than their tests going missing).
 # A run without arguments then builds the fuzzers (./build-fuzz, clang with
 # ASan + UBSan) and runs each for 30 s over its seeds, two at a time
 # (ctest -L fuzz); PSHARD_TEST_FUZZ=0 skips that, =1 runs it with arguments too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+# UCX and the PyTorch bridge are optional for users (AUTO), but not here: a
+# missing library fails configure instead of leaving their tests out.
+required="-DPSHARD_WITH_UCX=ON -DPSHARD_WITH_PYTHON=ON"
+PSHARD_CMAKE_ARGS="$required ${PSHARD_CMAKE_ARGS:-}" tools/setup.sh
 status=0
 (cd "${PSHARD_BUILD_DIR:-build}" && ctest --output-on-failure -j "$(nproc)" "$@") || status=$?
 
@@ -21,7 +26,7 @@ if [[ ${PSHARD_TEST_CUDA:-auto} == 0 ]]; then
 elif [[ -x $nvcc ]]; then
   started=$SECONDS
   echo "pshard test: building the CUDA + NCCL configuration in build-cuda ($nvcc)"
-  PSHARD_BUILD_DIR=build-cuda PSHARD_CMAKE_ARGS="-DPSHARD_WITH_CUDA=ON -DPSHARD_WITH_NCCL=ON \
+  PSHARD_BUILD_DIR=build-cuda PSHARD_CMAKE_ARGS="$required -DPSHARD_WITH_CUDA=ON -DPSHARD_WITH_NCCL=ON \
 -DCMAKE_CUDA_COMPILER=$nvcc -DCMAKE_CUDA_ARCHITECTURES=80;90" tools/setup.sh
   # The deployment tests check files and images, not the build; the slow
   # ones run the demo's 300 steps on CPU trainers, and the python ones the

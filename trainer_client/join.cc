@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -65,6 +66,10 @@ grpc::ChannelArguments ServerChannelArguments(int max_receive_bytes) {
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 250);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
+  // A channel stays connected however long it goes without a call (gRPC
+  // drops an idle one after 30 minutes): a UCX link over shared memory takes
+  // its channel's disconnection as its server's death.
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, std::numeric_limits<int>::max());
   for (const auto& [name, value] : DataPathTransportArguments()) args.SetInt(name, value);
   return args;
 }

@@ -370,6 +370,7 @@ absl::Status ShardClient::CreateTransports() {
       spec.ucx_address = shard.ucx_address;
       spec.session_token = shard.session_token;
       spec.rpc_timeout = options_.rpc_timeout;
+      spec.control_channel = shard.channel;
       absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(spec);
       if (transport.ok()) {
         shard.transport = std::move(*transport);
@@ -448,6 +449,9 @@ absl::Status ShardClient::EmulateLink(int s) {
 }
 
 std::string ShardClient::transport_name(int shard) const { return shards_[shard]->transport->name(); }
+std::string ShardClient::transport_description(int shard) const {
+  return shards_[shard]->transport->description();
+}
 
 std::vector<std::string> ShardClient::shard_addresses() const {
   std::vector<std::string> out;

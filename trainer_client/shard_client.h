@@ -163,6 +163,8 @@ class ShardClient {
   const Options& options() const { return options_; }
   /// The data path to `shard` ("grpc", "ucx"): its metrics label.
   std::string transport_name(int shard) const;
+  /// What carries the link to `shard`, for logs (e.g. which UCX transports).
+  std::string transport_description(int shard) const;
   /// Each shard's address in shard order.
   std::vector<std::string> shard_addresses() const;
 

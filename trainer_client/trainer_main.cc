@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -290,11 +291,23 @@ int Run() {
     std::fprintf(stderr, "pshard-trainer: %s\n", client.status().ToString().c_str());
     return 1;
   }
+  {
+    // What carries each link (for UCX, its transports: a fall back from
+    // shared memory to tcp shows here).
+    std::map<std::string, std::vector<std::string>> links;  // description -> shards
+    for (size_t s = 0; s < (*client)->shard_addresses().size(); ++s) {
+      links[(*client)->transport_description(static_cast<int>(s))].push_back(absl::StrCat(s));
+    }
+    for (const auto& [description, shards] : links) {
+      std::fprintf(stderr, "pshard-trainer %d: shard%s %s: %s\n", copts.trainer_rank, shards.size() > 1 ? "s" : "",
+                   absl::StrJoin(shards, ",").c_str(), description.c_str());
+    }
+  }
   if (absl::GetFlag(FLAGS_print_plan)) {
     std::printf("%s", plan->ToString().c_str());
     const std::vector<std::string> shards = (*client)->shard_addresses();
     for (size_t s = 0; s < shards.size(); ++s) {
-      std::printf("  shard %zu = %s: %s in use\n", s, shards[s].c_str(), (*client)->transport_name(s).c_str());
+      std::printf("  shard %zu = %s: %s in use\n", s, shards[s].c_str(), (*client)->transport_description(s).c_str());
     }
     return 0;
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/copy.h"
 #include "common/status_macros.h"
+#include "common/ucx/ucx_endpoint.h"
 #include "common/ucx/ucx_wire.h"
 #include "common/ucx/ucx_worker.h"
 #include "proto/rpc_util.h"
@@ -27,8 +28,9 @@ struct Reply {
 };
 
 // Where a session's replies go: an endpoint the server made to the trainer's
-// worker (its hello), whose failure UCX reports, so that no reply is sent on
-// an endpoint UCX has torn down. Progress thread only.
+// worker (its hello), whose failure UCX reports where its transports can
+// (not over shared memory), so that no reply is sent on an endpoint UCX has
+// torn down. Progress thread only.
 struct Peer {
   ucp_ep_h ep = nullptr;
   bool owned = false;   // made here (closed here); else a reply endpoint, valid in its callback only
@@ -346,17 +348,16 @@ ucs_status_t UcxService::Impl::OnHello(void* arg, const void* header, size_t hea
     }
   }
   auto peer = std::make_shared<Peer>();
-  ucp_ep_params_t ep_params{};
-  ep_params.field_mask =
-      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.address = static_cast<const ucp_address_t*>(data);
-  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep_params.err_handler.cb = &Impl::OnPeerError;
-  ep_params.err_handler.arg = self;
-  if (ucp_ep_create(self->worker->worker(), &ep_params, &peer->ep) != UCS_OK) {
-    self->metrics->Reject(absl::UnavailableError("UCX hello: cannot reach the trainer's worker"));
+  // Over shared memory UCX cannot tell this endpoint that the trainer died:
+  // its replies are then dropped when the session is replaced (the trainer's
+  // next hello, or its rejoin).
+  absl::StatusOr<ucx::Endpoint> endpoint = ucx::Connect(self->worker->worker(), data, &Impl::OnPeerError, self);
+  if (!endpoint.ok()) {
+    self->metrics->Reject(absl::UnavailableError(
+        absl::StrCat("UCX hello: cannot reach the trainer's worker: ", endpoint.status().message())));
     return UCS_OK;
   }
+  peer->ep = endpoint->ep;
   peer->owned = true;
   self->peers[h.token] = std::move(peer);
   return UCS_OK;

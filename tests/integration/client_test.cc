@@ -207,7 +207,23 @@ TEST(ClientTest, AnAbandonedPushHoldsOnlyWhatArrived) {
     ASSERT_TRUE(push->writer->Write(chunk));
     pushes.push_back(std::move(push));
   }
-  absl::SleepFor(absl::Milliseconds(300));  // the server has read every first chunk
+  // Until the server has staged every first chunk (it counts a chunk's bytes
+  // once staged).
+  auto staged = [&] {
+    absl::StatusOr<MetricsText> page = ParseMetricsText((*cluster)->server(0).registry().Serialize());
+    if (!page.ok()) return -1;
+    int pushes_staged = 0;
+    for (int i = 0; i < 8; ++i) {
+      absl::StatusOr<double> bytes = SampleValue(
+          *page, "pshard_server_transfer_bytes_total",
+          {{"rank", absl::StrCat(i)}, {"direction", "push"}, {"transport", "grpc"}});
+      pushes_staged += bytes.ok() && *bytes >= 4096 ? 1 : 0;
+    }
+    return pushes_staged;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (staged() < 8 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(staged(), 8) << "the server did not stage the 8 first chunks within 30 s";
   const int64_t grown = ResidentBytes() - before;
   EXPECT_LT(grown, 32 << 20) << "open pushes grew this process by " << grown << " bytes";
   // Each push was still open (staged, not refused) until cancelled here.

@@ -1,11 +1,15 @@
 // The UCX data path next to gRPC: trainers on either (and a host fabric
-// group) reduce to the same bits; a client whose UCX cannot start falls back
-// to gRPC; a UCX peer that did not join is refused and changes nothing.
+// group) reduce to the same bits; each UCX_TLS a user may set (shared memory,
+// tcp) carries a job over exactly the transports it names; a dead server
+// over shared memory is noticed through its gRPC channel; a client whose UCX
+// cannot start falls back to gRPC; a UCX peer that did not join is refused
+// and changes nothing.
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
@@ -224,6 +228,131 @@ TEST(UcxTest, ASessionPushesOnlyForTheRankThatJoined) {
   auto trained = (*cluster)->ReadMasterWeights(kSteps);
   ASSERT_TRUE(trained.ok()) << trained.status();
   EXPECT_TRUE(BitIdentical(*trained, Reference(job, WireEncoding::kFp32, kSteps)));
+}
+
+// UCX reads UCX_TLS when a context is created (the servers' at Start, the
+// trainer's at Connect): set for the scope of a test.
+class ScopedUcxTls {
+ public:
+  explicit ScopedUcxTls(const std::string& tls) { EXPECT_EQ(setenv("UCX_TLS", tls.c_str(), 1), 0); }
+  ~ScopedUcxTls() { unsetenv("UCX_TLS"); }
+};
+
+struct TlsCase {
+  std::string tls;
+  std::vector<std::string> lanes;  // each must carry the links
+  bool shared_memory = false;
+};
+
+void PrintTo(const TlsCase& c, std::ostream* os) { *os << "UCX_TLS=" << c.tls; }
+
+class UcxTlsTest : public ::testing::TestWithParam<TlsCase> {};
+
+// A job trains over each UCX_TLS, to the reference's bits, and its links run
+// over the transports named, not over another that UCX would fall back to
+// (as it did when every endpoint asked for peer failure detection, which
+// shared memory lacks: UCX then picked tcp, or nothing when only shared
+// memory was allowed).
+TEST_P(UcxTlsTest, TrainsOverTheTransportsNamedAndNoOthers) {
+  const TlsCase& c = GetParam();
+  ScopedUcxTls tls(c.tls);
+  const JobConfig job = Job(2, 1);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_FALSE((*cluster)->server(0).ucx_address().empty()) << "the servers' UCX did not start with UCX_TLS=" << c.tls;
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32, "ucx");
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int s = 0; s < 2; ++s) {
+    const std::string description = (*client)->transport_description(s);
+    for (const std::string& lane : c.lanes) EXPECT_TRUE(absl::StrContains(description, lane)) << description;
+    EXPECT_EQ(absl::StrContains(description, "tcp/"), !c.shared_memory) << description;
+    EXPECT_EQ(absl::StrContains(description, "/memory"), c.shared_memory) << description;
+    EXPECT_EQ(absl::StrContains(description, "noticed through its gRPC channel"), c.shared_memory) << description;
+  }
+  ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
+  auto weights = (*cluster)->ReadMasterWeights(kSteps);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(BitIdentical(*weights, Reference(job, WireEncoding::kFp32, kSteps)));
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTransport, UcxTlsTest,
+                         ::testing::Values(TlsCase{"sysv,cma", {"sysv/memory", "cma/memory"}, true},
+                                           TlsCase{"posix,cma", {"posix/memory", "cma/memory"}, true},
+                                           TlsCase{"tcp", {"tcp/"}, false}),
+                         [](const ::testing::TestParamInfo<TlsCase>& info) {
+                           std::string name = info.param.tls;
+                           for (char& ch : name) ch = ch == ',' ? '_' : ch;
+                           return name;
+                         });
+
+// Over shared memory UCX cannot report a dead peer: the link watches the
+// server's gRPC channel instead. Here that channel leads to a stand-in gRPC
+// server, shut down while a fetch waits on the real server for a version that
+// will not come: the fetch ends at once, naming the lost connection, well
+// before its 10-minute deadline; later transfers on the link fail at once.
+TEST(UcxTest, ALinkOverSharedMemoryFailsWhenItsGrpcConnectionIsLost) {
+  ScopedUcxTls tls("sysv,cma");
+  const JobConfig job = Job(1, 1);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const UnitPartition& p = (*cluster)->server(0).state().layout().partitions[0];
+  int port = 0;
+  v1::ShardService::Service unimplemented;  // a server needs a service to start
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&unimplemented);
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  std::unique_ptr<grpc::Server> stand_in = builder.BuildAndStart();
+  ASSERT_NE(stand_in, nullptr);
+  auto control = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(control->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+
+  auto stub = v1::ShardService::NewStub(
+      grpc::CreateChannel((*cluster)->addresses()[0], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::JoinRequest request;
+  request.set_trainer_rank(0);
+  v1::JoinResponse joined;
+  ASSERT_TRUE(stub->Join(&ctx, request, &joined).ok());
+  auto context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  UcxTransport::Spec spec;
+  spec.context = context->get();
+  spec.address = (*cluster)->addresses()[0];
+  spec.ucx_address = (*cluster)->server(0).ucx_address();
+  spec.session_token = joined.session_token();
+  spec.rpc_timeout = absl::Minutes(10);
+  spec.control_channel = control;
+  auto link = UcxTransport::Create(spec);
+  ASSERT_TRUE(link.ok()) << link.status();
+  ASSERT_EQ((*link)->ucx_transports(), (std::vector<std::string>{"sysv/memory", "cma/memory"}));
+
+  std::vector<float> dest(p.padded_numel());
+  FetchArgs ahead{0, 1, WireEncoding::kFp32, 0, p.Slice(0)};  // version 1: the server waits for it
+  absl::Notification done;
+  absl::Status fetched;
+  (*link)->Fetch(ahead, dest.data(), [&](absl::Status s, int64_t) {
+    fetched = std::move(s);
+    done.Notify();
+  });
+  // Still waiting while the channel is up.
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(500)));
+  stand_in->Shutdown(std::chrono::system_clock::now());
+  // The server's own wait ends after 60 s (fetch_wait_limit): well before that.
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30))) << "the lost gRPC connection went unnoticed";
+  EXPECT_EQ(fetched.code(), absl::StatusCode::kUnavailable) << fetched;
+  EXPECT_TRUE(absl::StrContains(fetched.message(), "the gRPC connection to shard 0")) << fetched;
+  EXPECT_TRUE(absl::StrContains(fetched.message(), "fetch of unit 0 version 1 from shard 0")) << fetched;
+
+  absl::Notification again;
+  absl::Status refetched;
+  FetchArgs now{0, 0, WireEncoding::kFp32, 0, p.Slice(0)};
+  (*link)->Fetch(now, dest.data(), [&](absl::Status s, int64_t) {
+    refetched = std::move(s);
+    again.Notify();
+  });
+  ASSERT_TRUE(again.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(refetched.code(), absl::StatusCode::kUnavailable) << refetched;
+  EXPECT_TRUE(absl::StrContains(refetched.message(), "failed earlier")) << refetched;
 }
 
 }  // namespace

@@ -87,6 +87,9 @@ class Transport {
   virtual ~Transport() = default;
   /// The label this transport has in metrics ("grpc", "ucx").
   virtual std::string name() const = 0;
+  /// What carries the link, for logs: name(), and where the backend knows
+  /// them, the transports beneath it.
+  virtual std::string description() const { return name(); }
   /// Fetches the slice into `dest` (slice.length elements, verified against
   /// the published checksum). `dest` must stay valid until `done` runs.
   virtual void Fetch(const FetchArgs& args, float* dest, TransferDone done) = 0;

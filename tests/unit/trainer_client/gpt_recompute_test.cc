@@ -189,36 +189,5 @@ TEST(GptRecomputeFlopsTest, ModelFlopsUnchangedRecomputeFlopsCounted) {
               100.0 * recomputed.RecomputeFlopsPerMicroBatch() / kept.FlopsPerMicroBatch());
 }
 
-// Wall time of one forward+backward, in milliseconds.
-double Milliseconds(CpuGpt<float>& model, const ModelSpec& spec, int rows,
-                    const std::vector<std::vector<float>>& weights) {
-  std::vector<std::vector<float>> grads;
-  const auto start = std::chrono::steady_clock::now();
-  RunMicroBatch(model, spec, rows, 1, weights, &grads);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
-// Printed, not asserted. The two models take turns, and the fastest of each
-// is reported, so that load from other processes skews both alike.
-TEST(GptRecomputeTimeTest, PrintsForwardBackwardTime) {
-  const ModelSpec spec = Spec(DemoConfig());
-  constexpr int kBatch = 8, kSeqLen = 64, kRepeats = 9;
-  const std::vector<std::vector<float>> weights = RandomWeights<float>(spec);
-  CpuGpt<float> kept = Model<float>(spec, kBatch, kSeqLen, false);
-  CpuGpt<float> recomputed = Model<float>(spec, kBatch, kSeqLen, true);
-  Milliseconds(kept, spec, kBatch * kSeqLen, weights);  // warm-up
-  Milliseconds(recomputed, spec, kBatch * kSeqLen, weights);
-  double kept_ms = 1e30, recomputed_ms = 1e30;
-  for (int r = 0; r < kRepeats; ++r) {
-    kept_ms = std::min(kept_ms, Milliseconds(kept, spec, kBatch * kSeqLen, weights));
-    recomputed_ms =
-        std::min(recomputed_ms, Milliseconds(recomputed, spec, kBatch * kSeqLen, weights));
-  }
-  std::printf(
-      "demo forward+backward (fastest of %d): %.1f ms kept, %.1f ms with recomputation (%+.1f%%)\n",
-      kRepeats, kept_ms, recomputed_ms, 100.0 * (recomputed_ms / kept_ms - 1.0));
-}
-
 }  // namespace
 }  // namespace pshard

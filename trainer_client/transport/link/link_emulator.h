@@ -87,6 +87,7 @@ class EmulatedTransport final : public Transport {
                     uint64_t seed);
 
   std::string name() const override { return inner_->name(); }
+  std::string description() const override { return inner_->description(); }
   void Fetch(const FetchArgs& args, float* dest, TransferDone done) override;
   void Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) override;
 

@@ -246,62 +246,91 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
 absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Spec spec) {
   std::unique_ptr<UcxTransport> t(new UcxTransport(std::move(spec)));
   absl::Notification created;
-  ucs_status_t status = UCS_OK;
+  absl::Status status;
   UcxTransport* raw = t.get();
   const bool posted = raw->spec_.context->worker_->Post([raw, &created, &status] {
-    ucp_ep_params_t params{};
-    params.field_mask =
-        UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    params.address = reinterpret_cast<const ucp_address_t*>(raw->spec_.ucx_address.data());
-    // A server that dies is noticed from the connection, not at the deadline.
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &UcxTransport::OnEndpointError;
-    params.err_handler.arg = raw;
-    status = ucp_ep_create(raw->spec_.context->worker_->worker(), &params, &raw->ep_);
-    if (status == UCS_OK) {
+    ucx::UcxWorker& worker = *raw->spec_.context->worker_;
+    absl::StatusOr<ucx::Endpoint> endpoint =
+        ucx::Connect(worker.worker(), raw->spec_.ucx_address.data(), &UcxTransport::OnEndpointError, raw);
+    if (endpoint.ok()) {
+      raw->endpoint_ = std::move(*endpoint);
       // First on the endpoint: where the server answers this session, over
       // an endpoint of its own whose failure it is told of.
       auto hello = std::make_shared<ucx::HelloHeader>();
       hello->token = raw->spec_.session_token;
-      const std::string& address = raw->spec_.context->worker_->address();
-      ucx::SendAm(raw->ep_, ucx::kHello, hello.get(), sizeof(*hello), address.data(), address.size(),
+      const std::string& address = worker.address();
+      ucx::SendAm(raw->endpoint_.ep, ucx::kHello, hello.get(), sizeof(*hello), address.data(), address.size(),
                   /*reply=*/false, [hello](ucs_status_t) {});
+    } else {
+      status = endpoint.status();
     }
     created.Notify();
   });
   if (!posted) return absl::CancelledError("the trainer's UCX context is shutting down");
   created.WaitForNotification();
-  if (status != UCS_OK) {
-    absl::Status s = PSHARD_UCX_ERROR("ucp_ep_create", status);
-    return absl::Status(s.code(), absl::StrCat("UCX endpoint to ", Where(raw->spec_.shard, raw->spec_.address),
-                                               ": ", s.message()));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("UCX endpoint to ", Where(raw->spec_.shard, raw->spec_.address),
+                                                    ": ", status.message()));
+  }
+  if (!raw->endpoint_.detects_peer_failure && raw->spec_.control_channel != nullptr) {
+    WatchControlChannel(raw->health_, raw->spec_.context, raw->endpoint_.ep, raw->spec_.control_channel,
+                        Where(raw->spec_.shard, raw->spec_.address));
   }
   return t;
 }
 
 UcxTransport::~UcxTransport() {
-  if (ep_ == nullptr) return;
+  if (endpoint_.ep == nullptr) return;
   absl::Notification closed;
   const bool posted = spec_.context->worker_->Post([this, &closed] {
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
-    // A forced close completes locally; progress it here, briefly.
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
-      for (int i = 0; i < 100000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i) {
-        ucp_worker_progress(spec_.context->worker_->worker());
-      }
-      ucp_request_free(request);
-    }
+    ucx::CloseNow(spec_.context->worker_->worker(), endpoint_.ep);
     closed.Notify();
   });
   if (posted) closed.WaitForNotification();
 }
 
+std::string UcxTransport::description() const {
+  std::string text = absl::StrCat("ucx over ", endpoint_.Describe());
+  if (!endpoint_.detects_peer_failure) {
+    absl::StrAppend(&text, spec_.control_channel != nullptr
+                               ? ": a dead server is noticed through its gRPC channel"
+                               : ": a dead server is noticed at the deadline only");
+  }
+  return text;
+}
+
+void UcxTransport::WatchControlChannel(std::weak_ptr<Health> weak, UcxContext* context, ucp_ep_h ep,
+                                       std::shared_ptr<grpc::ChannelInterface> channel, std::string where) {
+  std::shared_ptr<Health> health = weak.lock();
+  if (health == nullptr || health->failed) return;  // the transport is gone, or failed already
+  const grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/false);
+  const bool lost = (health->was_ready && state != GRPC_CHANNEL_READY) ||
+                    state == GRPC_CHANNEL_TRANSIENT_FAILURE || state == GRPC_CHANNEL_SHUTDOWN;
+  if (lost) {
+    // The server's process ended (its connections closed), or it is being
+    // replaced: the endpoint leads to a worker that no longer answers.
+    health->failed = true;
+    absl::Status status = absl::UnavailableError(absl::StrCat(
+        "the gRPC connection to ", where, " was lost, so its UCX link over shared memory is taken as failed: ",
+        "the server is down or restarting"));
+    context->worker_->Post([context, ep, status] { context->FailEndpoint(ep, status); });
+    return;
+  }
+  if (state == GRPC_CHANNEL_READY) {
+    health->was_ready = true;
+  } else if (state == GRPC_CHANNEL_IDLE) {
+    channel->GetState(/*try_to_connect=*/true);  // not connected yet: connect, so a dead server shows
+  }
+  context->timer_.Schedule(absl::Now() + kControlChannelCheck,
+                           [weak = std::move(weak), context, ep, channel = std::move(channel),
+                            where = std::move(where)]() mutable {
+                             WatchControlChannel(std::move(weak), context, ep, std::move(channel), std::move(where));
+                           });
+}
+
 void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<UcxTransport*>(arg);
-  self->failed_ = true;
+  self->health_->failed = true;
   self->spec_.context->FailEndpoint(
       ep, absl::UnavailableError(absl::StrCat("the UCX connection to the server failed (", ucs_status_string(status),
                                               "): it is down or unreachable")));
@@ -357,11 +386,11 @@ void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<
 }
 
 void UcxTransport::StartOp(std::shared_ptr<UcxContext::Op> op) {
-  if (failed_) {
+  if (health_->failed) {
     op->Finish(absl::UnavailableError("the UCX connection to the server failed earlier: it is down or unreachable"));
     return;
   }
-  op->ep = ep_;
+  op->ep = endpoint_.ep;
   op->owner = spec_.context;
   UcxContext* context = spec_.context;
   std::shared_ptr<CancelScope> cancel = op->cancel;

@@ -15,7 +15,9 @@
 #include "absl/time/time.h"
 #include "common/deadline_timer.h"
 #include "common/serial_executor.h"
+#include "common/ucx/ucx_endpoint.h"
 #include "common/ucx/ucx_worker.h"
+#include "grpcpp/channel.h"
 #include "trainer_client/transport/transport.h"
 
 namespace pshard {
@@ -82,6 +84,13 @@ class UcxTransport final : public Transport {
     std::string ucx_address;  ///< JoinResponse.ucx_address
     uint64_t session_token = 0;  ///< JoinResponse.session_token
     absl::Duration rpc_timeout = absl::Seconds(120);  ///< deadline of each fetch or push
+    /// The gRPC channel to the same server. Where the endpoint's transports
+    /// cannot detect a dead peer (shared memory), the transport watches this
+    /// channel instead: once it has been ready, leaving that state (the
+    /// server's process is gone, or restarted) fails the link, and every
+    /// transfer on it, at once. Null: no watch (transfers then end at their
+    /// deadline when the server dies).
+    std::shared_ptr<grpc::ChannelInterface> control_channel;
   };
   /// Creates the endpoint to the server's worker.
   static absl::StatusOr<std::unique_ptr<UcxTransport>> Create(Spec spec);
@@ -89,6 +98,10 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   std::string name() const override { return "ucx"; }
+  /// "ucx over sysv/memory + cma/memory (...)".
+  std::string description() const override;
+  /// The endpoint's transports, e.g. {"sysv/memory", "cma/memory"}.
+  const std::vector<std::string>& ucx_transports() const { return endpoint_.transports; }
   /// fp32 slices arriving by rendezvous are received straight into `dest`.
   void Fetch(const FetchArgs& args, float* dest, TransferDone done) override;
   void Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) override;
@@ -98,9 +111,19 @@ class UcxTransport final : public Transport {
   void StartOp(std::shared_ptr<UcxContext::Op> op);
   /// UCX's error callback of the endpoint (progress thread).
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static constexpr absl::Duration kControlChannelCheck = absl::Milliseconds(100);
+  // Whether the link failed, shared with the watch of the control channel.
+  struct Health {
+    std::atomic<bool> failed{false};  // the connection failed: new ops fail at once
+    bool was_ready = false;           // the control channel was ready once (timer thread only)
+  };
+  /// On the context's timer: checks the control channel, and fails the
+  /// link or checks again soon. Ends with the transport.
+  static void WatchControlChannel(std::weak_ptr<Health> health, UcxContext* context, ucp_ep_h ep,
+                                  std::shared_ptr<grpc::ChannelInterface> channel, std::string where);
   const Spec spec_;
-  ucp_ep_h ep_ = nullptr;  // used on the progress thread only
-  std::atomic<bool> failed_{false};  // the endpoint's connection failed: new ops fail at once
+  ucx::Endpoint endpoint_;  // endpoint_.ep is used on the progress thread only
+  std::shared_ptr<Health> health_ = std::make_shared<Health>();
 };
 
 }  // namespace pshard
