@@ -30,6 +30,8 @@ ABSL_FLAG(std::string, transports, "grpc,ucx", "pshard data paths to measure");
 ABSL_FLAG(int, repeats, 9, "timed all-gathers (median reported)");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the gloo baseline");
 ABSL_FLAG(std::string, gloo_script, PSHARD_GLOO_SCRIPT, "bench/gloo_allgather.py");
+ABSL_FLAG(double, fail_below, 0,
+          "exit 1 when a ratio is below this fraction of the goal (2x gloo); 0: never");
 
 namespace {
 
@@ -137,9 +139,12 @@ int main(int argc, char** argv) {
   }
   std::printf("  gloo (fp16)  : median %6.1f ms (best %6.1f ms, %d runs), aggregate %.2f GB/s\n",
               gloo->median_s * 1e3, gloo->best_s * 1e3, gloo->runs, aggregate(gloo->median_s));
+  bool met = true;
   for (const Row& row : rows) {
-    std::printf("  ratio %-5s  : %.2fx gloo (goal >= 2x)\n", row.transport.c_str(),
-                gloo->median_s / row.timing.median_s);
+    const double ratio = gloo->median_s / row.timing.median_s;
+    std::printf("  ratio %-5s  : %.2fx gloo (goal >= 2x)\n", row.transport.c_str(), ratio);
+    met &= pshard::bench::MeetsFloor(absl::StrCat("all-gather over ", row.transport), ratio, 2.0,
+                                     absl::GetFlag(FLAGS_fail_below));
   }
-  return 0;
+  return met ? 0 : 1;
 }

@@ -31,8 +31,8 @@ elif [[ -x $nvcc ]]; then
   # The deployment tests check files and images, not the build; the slow
   # ones run the demo's 300 steps on CPU trainers, and the python ones the
   # PyTorch bridge on the CPU: the same code in both configurations, which
-  # the default configuration ran.
-  (cd build-cuda && ctest --output-on-failure -j "$(nproc)" -LE 'containers|deploy|slow|python' "$@") || status=$?
+  # the default configuration ran; so do the perf floors of the data path.
+  (cd build-cuda && ctest --output-on-failure -j "$(nproc)" -LE 'containers|deploy|slow|python|perf' "$@") || status=$?
   echo "pshard test: the CUDA + NCCL configuration took $((SECONDS - started)) s"
 elif [[ ${PSHARD_TEST_CUDA:-auto} == 1 ]]; then
   echo "pshard test: PSHARD_TEST_CUDA=1 but no CUDA compiler ($nvcc) is installed" >&2
