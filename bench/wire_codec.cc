@@ -53,12 +53,30 @@ void BM_DecodeAndChecksum(benchmark::State& state) {
   SetBytes(state, bytes);
 }
 
+// The sender's encoding of a slice (block-quantized: a scale and codes per
+// block), in GB/s of fp32 values read.
+template <pshard::WireEncoding kEncoding>
+void BM_Encode(benchmark::State& state) {
+  const size_t elements = static_cast<size_t>(state.range(0)) / sizeof(float);
+  const pshard::WireFormat format(kEncoding);
+  std::vector<float> in(elements);
+  for (size_t i = 0; i < elements; ++i) in[i] = static_cast<float>(i % 251) * 1e-3f - 0.1f;
+  std::vector<std::byte> out(format.EncodedBytes(elements));
+  for (auto _ : state) {
+    pshard::EncodeElements(format, in, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state, elements * sizeof(float));
+}
+
 // Sizes in fp32 bytes: 32 KiB (cache) and 16 MiB (one slice, memory).
 BENCHMARK(BM_Copy<Memcpy>)->Name("BM_Memcpy")->Arg(32 << 10)->Arg(16 << 20);
 BENCHMARK(BM_Copy<CopyBytes>)->Name("BM_CopyBytes")->Arg(32 << 10)->Arg(16 << 20);
 BENCHMARK(BM_Crc32c)->Arg(32 << 10)->Arg(16 << 20);
 BENCHMARK(BM_DecodeAndChecksum<pshard::WireEncoding::kFp32>)->Arg(32 << 10)->Arg(16 << 20);
 BENCHMARK(BM_DecodeAndChecksum<pshard::WireEncoding::kBf16>)->Arg(32 << 10)->Arg(16 << 20);
+BENCHMARK(BM_Encode<pshard::WireEncoding::kInt8>)->Arg(32 << 10)->Arg(16 << 20);
+BENCHMARK(BM_Encode<pshard::WireEncoding::kInt4>)->Arg(32 << 10)->Arg(16 << 20);
 
 }  // namespace
 

@@ -44,7 +44,12 @@ void QuantizeBlock(CodeBits bits, std::span<const float> values, std::byte* out)
   const float amax = AbsMax(values);
   const bool codable = amax > 0.0f && amax <= std::numeric_limits<float>::max();
   const float scale = codable ? amax / q : 0.0f;
-  const float inverse = codable ? q / amax : 0.0f;
+  // q / amax overflows to infinity for a block whose largest magnitude is
+  // below about 1e-36 (every code would then be +-Q): such a block is coded
+  // as its values times 2^100 would be, which is exact (a power of two) and
+  // gives the codes of x * Q / max|x|. Other blocks multiply by 1.
+  const float lift = amax < 0x1p-100f ? 0x1p100f : 1.0f;
+  const float inverse = codable ? q / (amax * lift) : 0.0f;
   std::memcpy(out, &scale, sizeof(scale));
   std::byte* codes = out + sizeof(float);
   const size_t n = values.size();
@@ -53,7 +58,7 @@ void QuantizeBlock(CodeBits bits, std::span<const float> values, std::byte* out)
     return;
   }
   auto code = [&](float x) {
-    const float r = RoundHalfEven(x * inverse);
+    const float r = RoundHalfEven((x * lift) * inverse);
     return static_cast<int>(std::clamp(r, -q, q));
   };
   if (bits == CodeBits::k8) {
