@@ -120,7 +120,8 @@ RawResult CallOnce(grpc::GenericStub& stub, const RawCall& call) {
 // depends on them, and making them is a fifth of a shard's start.
 ServerMetrics& SharedMetrics(int num_units) {
   static metrics::Registry* registry = new metrics::Registry();
-  static ServerMetrics* metrics = new ServerMetrics(*registry, 0, FuzzJob().num_trainers, num_units, {"grpc"});
+  static ServerMetrics* metrics =
+      new ServerMetrics(*registry, 0, FuzzJob().num_trainers, num_units, {"grpc", "ucx"});
   return *metrics;
 }
 
@@ -156,6 +157,10 @@ struct InProcessShard::Parts {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<grpc::GenericStub> stub;
 };
+
+SessionTokens& InProcessShard::tokens() { return parts_->tokens; }
+
+ServerMetrics& InProcessShard::metrics() { return SharedMetrics(state_->num_units()); }
 
 InProcessShard::InProcessShard() : parts_(std::make_unique<Parts>()) {
   const JobConfig job = FuzzJob();

@@ -18,6 +18,8 @@
 #include "absl/time/time.h"
 #include "common/job_config.h"
 #include "grpcpp/grpcpp.h"
+#include "shard_server/server_metrics.h"
+#include "shard_server/session_tokens.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard::fuzz {
@@ -72,6 +74,10 @@ class InProcessShard {
   InProcessShard& operator=(const InProcessShard&) = delete;
 
   ShardState& state() { return *state_; }
+  /// The sessions Join hands out (the UCX harness issues its own).
+  SessionTokens& tokens();
+  /// The metrics the shard counts in (shared by every input's shard).
+  ServerMetrics& metrics();
 
   /// Makes one call and waits for its end.
   RawResult Call(const RawCall& call);

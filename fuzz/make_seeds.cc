@@ -22,6 +22,7 @@
 #include "common/layout_file.h"
 #include "common/safetensors.h"
 #include "common/square_sum.h"
+#include "common/ucx/ucx_wire.h"
 #include "proto/rpc_util.h"
 #include "proto/shard.pb.h"
 
@@ -469,6 +470,57 @@ void AddSafetensors(Corpus& corpus) {
   corpus.Add("safetensors", "another_layout", *EncodeSafetensors(other, {{"model", "x"}}));
 }
 
+// The UCX harness's records: which handler, whose token, the header's
+// length, the header and the data (ucx_fuzzer.cc).
+template <typename Header>
+std::string UcxRecord(uint8_t which, uint8_t token, const Header& header, const std::string& data = "") {
+  std::string record{static_cast<char>(which), static_cast<char>(token), static_cast<char>(sizeof(Header))};
+  record.append(reinterpret_cast<const char*>(&header), sizeof(Header));
+  return record + data;
+}
+
+void AddUcx(Corpus& corpus, const std::vector<int64_t>& lengths) {
+  const int units = static_cast<int>(lengths.size());
+  uint64_t request = 1;
+  auto fetch = [&](uint8_t token, int unit, int64_t version, WireEncoding encoding) {
+    ucx::FetchHeader h;
+    h.request_id = request++;
+    h.version = version;
+    h.wait_ms = 1000;
+    h.unit = unit;
+    h.encoding = static_cast<int32_t>(EncodingToProto(encoding));
+    h.quant_block = 64;
+    return UcxRecord(1, token, h);
+  };
+  auto push = [&](uint8_t token, int rank, int unit, int64_t length_delta) {
+    ucx::PushHeader h;
+    h.request_id = request++;
+    h.slice_length = lengths[unit];
+    h.trainer = rank;
+    h.unit = unit;
+    h.encoding = static_cast<int32_t>(EncodingToProto(WireEncoding::kFp32));
+    std::vector<float> values(static_cast<size_t>(lengths[unit] + length_delta), 1e-3f * static_cast<float>(unit + 1));
+    return UcxRecord(2, token, h, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
+  };
+  const std::string hello = UcxRecord(0, 0, ucx::HelloHeader{});
+  std::vector<std::string> fetches = {hello};
+  for (int u = 0; u < units; ++u) {
+    fetches.push_back(fetch(0, u, 0, WireEncoding::kFp32));
+    fetches.push_back(fetch(2, u, 0, WireEncoding::kInt8));
+  }
+  fetches.push_back(fetch(0, 0, 1, WireEncoding::kBf16));  // a version not yet published
+  fetches.push_back(fetch(3, 0, 0, WireEncoding::kFp32));  // a session never issued
+  corpus.Add("ucx", "fetches", FuzzRecords(0, fetches));
+  std::vector<std::string> step = {hello};
+  for (int rank = 0; rank < 2; ++rank) {
+    for (int u = 0; u < units; ++u) step.push_back(push(static_cast<uint8_t>(rank), rank, u, 0));
+  }
+  step.push_back(fetch(0, 1, 1, WireEncoding::kFp32));
+  corpus.Add("ucx", "step_fp32", FuzzRecords(0, step));
+  corpus.Add("ucx", "refused_pushes",
+             FuzzRecords(0, {push(2, 0, 0, 0), push(1, 0, 0, 0), push(0, 0, 1, -1), push(3, 0, 0, 0)}));
+}
+
 }  // namespace
 }  // namespace pshard::fuzz
 
@@ -496,5 +548,6 @@ int main(int argc, char** argv) {
   AddEnvironments(corpus);
   AddLayouts(corpus);
   AddSafetensors(corpus);
+  AddUcx(corpus, lengths);
   return 0;
 }

@@ -22,6 +22,8 @@ status=0
 # -timeout: an input that takes 10 s is a hang (every wait in the harnesses
 # is bounded far below it). Inputs of 64 KiB hold a whole push of the
 # harnesses' model.
+# Leaks inside UCX's libraries are UCX's (fuzz/lsan.supp).
+LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$(cd "$(dirname "$0")" && pwd)/lsan.supp} \
 "$fuzzer" "$work/corpus" "$seeds" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
   -print_final_stats=1 -artifact_prefix="$work/" "$@" >"$work/log" 2>&1 || status=$?
 # The summary lines: libFuzzer's final stats, and any report.

@@ -32,7 +32,7 @@ if [[ ${PSHARD_FUZZ:-0} == 1 ]]; then
   build=${PSHARD_BUILD_DIR:-build-fuzz}
   # Debug information for the sanitizers' reports.
   fuzz_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14
-             -DPSHARD_WITH_FUZZERS=ON -DPSHARD_WITH_UCX=OFF -DPSHARD_BUILD_TESTS=OFF -DPSHARD_BUILD_BENCH=OFF)
+             -DPSHARD_WITH_FUZZERS=ON -DPSHARD_WITH_UCX=ON -DPSHARD_BUILD_TESTS=OFF -DPSHARD_BUILD_BENCH=OFF)
   targets=(--target fuzzers)
 fi
 # shellcheck disable=SC2086  # PSHARD_CMAKE_ARGS is a list of arguments

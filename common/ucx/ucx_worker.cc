@@ -11,6 +11,14 @@ absl::Status UcxError(const char* call, ucs_status_t status, const char* file, i
       absl::StrCat(call, ": ", ucs_status_string(status), " (", file, ":", line, ")"));
 }
 
+namespace {
+
+ucs_status_t DropMessage(void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+  return UCS_OK;  // rendezvous data not asked for is released by UCX
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const std::vector<AmHandler>& handlers) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   ucp_config_t* config = nullptr;
@@ -41,7 +49,17 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const std::vector<A
   }
   w->address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(w->worker_, address);
-  for (const AmHandler& h : handlers) {
+  // Every other id up to kGuardedAmIds gets a handler that drops the
+  // message: UCX 1.13 dereferences a missing handler when a rendezvous
+  // message arrives for an id without one, so any peer could stop the
+  // process with one large message (found by fuzz/ucx_fuzzer).
+  std::vector<AmHandler> all(handlers);
+  for (uint16_t id = 0; id < kGuardedAmIds; ++id) {
+    bool handled = false;
+    for (const AmHandler& h : handlers) handled |= h.id == id;
+    if (!handled) all.push_back(AmHandler{id, &DropMessage, nullptr});
+  }
+  for (const AmHandler& h : all) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                     UCP_AM_HANDLER_PARAM_FIELD_ARG;

@@ -35,6 +35,9 @@ class UcxWorker {
     ucp_am_recv_callback_t callback = nullptr;
     void* arg = nullptr;
   };
+  /// Active-message ids below this that `handlers` leave out are dropped on
+  /// arrival (no peer can reach UCX's missing-handler path below it).
+  static constexpr uint16_t kGuardedAmIds = 64;
   /// Creates the context and worker (UCX reads its UCX_* environment here),
   /// registers `handlers` and starts the progress thread.
   static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const std::vector<AmHandler>& handlers);
