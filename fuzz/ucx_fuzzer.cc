@@ -58,7 +58,7 @@ class Peer {
     absl::Status status;
     peer->worker_->Post([&] {
       absl::StatusOr<ucx::Endpoint> ep =
-          ucx::Connect(peer->worker_->worker(), server_address.data(), &Peer::OnError, nullptr);
+          ucx::Connect(peer->worker_->worker(), server_address.data(), ucx::PeerFailure::kOwner, &Peer::OnError, nullptr);
       if (ep.ok()) peer->ep_ = ep->ep;
       status = ep.status();
       connected.Notify();
@@ -70,7 +70,7 @@ class Peer {
 
   ~Peer() {
     worker_->Stop([this] {
-      if (ep_ != nullptr) ucx::CloseNow(worker_->worker(), ep_);
+      ucx::CloseNow(worker_->worker(), ep_);
     });
   }
 

@@ -65,40 +65,35 @@ std::vector<std::string> LaneTransports(absl::string_view ep_info) {
   return transports;
 }
 
-bool SupportsPeerFailure(absl::string_view transport) {
-  const absl::string_view name = transport.substr(0, transport.find('/'));
-  for (absl::string_view local : {"sysv", "posix", "cma", "knem", "xpmem", "self", "cuda_ipc", "cuda_copy",
-                                 "gdr_copy", "rocm_ipc", "rocm_copy"}) {
-    if (name == local) return false;
-  }
-  return true;
-}
-
 std::string Endpoint::Describe() const {
   return absl::StrCat(transports.empty() ? "no lanes" : absl::StrJoin(transports, " + "),
                       detects_peer_failure ? " (UCX peer failure detection)" : " (no peer failure detection)");
 }
 
-absl::StatusOr<Endpoint> Connect(ucp_worker_h worker, const void* address, ucp_err_handler_cb_t on_error,
-                                 void* arg) {
+absl::StatusOr<Endpoint> Connect(ucp_worker_h worker, const void* address, PeerFailure mode,
+                                 ucp_err_handler_cb_t on_error, void* arg) {
   Endpoint endpoint;
-  absl::StatusOr<ucp_ep_h> plain = CreateEp(worker, address, UCP_ERR_HANDLING_MODE_NONE, on_error, arg);
-  if (!plain.ok()) return plain.status();
-  endpoint.ep = *plain;
+  endpoint.detects_peer_failure = mode == PeerFailure::kUcx;
+  absl::StatusOr<ucp_ep_h> ep =
+      CreateEp(worker, address, endpoint.detects_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE,
+               on_error, arg);
+  if (!ep.ok()) return ep.status();
+  endpoint.ep = *ep;
   endpoint.transports = LaneTransports(PrintInfo(endpoint.ep));
-  bool all_detect = !endpoint.transports.empty();
-  for (const std::string& t : endpoint.transports) all_detect &= SupportsPeerFailure(t);
-  if (!all_detect) return endpoint;
-  absl::StatusOr<ucp_ep_h> watched = CreateEp(worker, address, UCP_ERR_HANDLING_MODE_PEER, on_error, arg);
-  if (!watched.ok()) return endpoint;  // keep the plain one
-  CloseNow(worker, endpoint.ep);
-  endpoint.ep = *watched;
-  endpoint.transports = LaneTransports(PrintInfo(endpoint.ep));
-  endpoint.detects_peer_failure = true;
   return endpoint;
 }
 
+void CloseLater(ucp_ep_h ep) {
+  if (ep == nullptr) return;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);  // completes on its own
+}
+
 void CloseNow(ucp_worker_h worker, ucp_ep_h ep) {
+  if (ep == nullptr) return;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;

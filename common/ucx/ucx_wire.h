@@ -28,7 +28,13 @@ enum AmId : uint16_t {
 
 struct HelloHeader {
   uint64_t token = 0;  ///< JoinResponse.session_token
+  uint32_t flags = 0;  ///< kHelloSameHost
+  uint32_t reserved = 0;
 };
+/// HelloHeader.flags: the trainer runs on the server's host and notices a
+/// dead server itself, so the server's endpoint to it runs without UCX's
+/// peer failure mode too, which lets UCX use shared memory.
+inline constexpr uint32_t kHelloSameHost = 1;
 
 struct FetchHeader {
   uint64_t token = 0;       ///< JoinResponse.session_token

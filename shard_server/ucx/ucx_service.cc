@@ -302,11 +302,7 @@ std::shared_ptr<Peer> UcxService::Impl::PeerFor(uint64_t token, const ucp_am_rec
 void UcxService::Impl::ClosePeer(const std::shared_ptr<Peer>& peer) {
   if (!peer->owned || peer->ep == nullptr) return;
   peer->owned = false;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t request = ucp_ep_close_nbx(peer->ep, &param);
-  if (request != nullptr && !UCS_PTR_IS_ERR(request)) ucp_request_free(request);  // completes on its own
+  ucx::CloseLater(peer->ep);  // in a callback at times: no progress here
   peer->ep = nullptr;
   peer->failed = true;
 }
@@ -348,10 +344,13 @@ ucs_status_t UcxService::Impl::OnHello(void* arg, const void* header, size_t hea
     }
   }
   auto peer = std::make_shared<Peer>();
-  // Over shared memory UCX cannot tell this endpoint that the trainer died:
-  // its replies are then dropped when the session is replaced (the trainer's
-  // next hello, or its rejoin).
-  absl::StatusOr<ucx::Endpoint> endpoint = ucx::Connect(self->worker->worker(), data, &Impl::OnPeerError, self);
+  // A trainer on this host is reached as it reaches this server: without
+  // UCX's peer failure mode, so that UCX may use shared memory. UCX then
+  // cannot tell this endpoint that the trainer died: its replies are
+  // dropped when the session is replaced (its next hello, or its rejoin).
+  const ucx::PeerFailure mode =
+      (h.flags & ucx::kHelloSameHost) != 0 ? ucx::PeerFailure::kOwner : ucx::PeerFailure::kUcx;
+  absl::StatusOr<ucx::Endpoint> endpoint = ucx::Connect(self->worker->worker(), data, mode, &Impl::OnPeerError, self);
   if (!endpoint.ok()) {
     self->metrics->Reject(absl::UnavailableError(
         absl::StrCat("UCX hello: cannot reach the trainer's worker: ", endpoint.status().message())));

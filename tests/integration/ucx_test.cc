@@ -271,7 +271,9 @@ TEST_P(UcxTlsTest, TrainsOverTheTransportsNamedAndNoOthers) {
     for (const std::string& lane : c.lanes) EXPECT_TRUE(absl::StrContains(description, lane)) << description;
     EXPECT_EQ(absl::StrContains(description, "tcp/"), !c.shared_memory) << description;
     EXPECT_EQ(absl::StrContains(description, "/memory"), c.shared_memory) << description;
-    EXPECT_EQ(absl::StrContains(description, "noticed through its gRPC channel"), c.shared_memory) << description;
+    // On one host UCX's peer failure mode is off (shared memory lacks it),
+    // tcp included: the gRPC channel tells when a server dies.
+    EXPECT_TRUE(absl::StrContains(description, "noticed through its gRPC channel")) << description;
   }
   ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
   auto weights = (*cluster)->ReadMasterWeights(kSteps);
@@ -399,7 +401,7 @@ TEST(UcxTest, AMessageForNoHandlerIsDroppedAndTheServerServesOn) {
   ucp_ep_h ep = nullptr;
   absl::Status connected;
   (*worker)->Post([&] {
-    absl::StatusOr<ucx::Endpoint> endpoint = ucx::Connect((*worker)->worker(), server.data(), nullptr, nullptr);
+    absl::StatusOr<ucx::Endpoint> endpoint = ucx::Connect((*worker)->worker(), server.data(), ucx::PeerFailure::kOwner, nullptr, nullptr);
     connected = endpoint.status();
     if (!endpoint.ok()) return sent.Notify();
     ep = endpoint->ep;

@@ -1,5 +1,10 @@
 #include "trainer_client/transport/ucx/ucx_transport.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -14,6 +19,43 @@ namespace {
 
 std::string Where(int shard, const std::string& address) {
   return absl::StrCat("shard ", shard, " (", address, ")");
+}
+
+// True when the host of `address` ("host:port", "[v6]:port") resolves to
+// a loopback address or to an address of one of this host's interfaces.
+bool IsThisHost(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0) return false;
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool local = false;
+  for (const addrinfo* a = resolved; a != nullptr && !local; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      const in_addr ip = reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr;
+      local = (ntohl(ip.s_addr) >> 24) == 127;
+      for (const ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET) {
+          local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == ip.s_addr;
+        }
+      }
+    } else if (a->ai_family == AF_INET6) {
+      const in6_addr ip = reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr;
+      local = IN6_IS_ADDR_LOOPBACK(&ip);
+      for (const ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET6) {
+          local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr, &ip, sizeof(ip)) == 0;
+        }
+      }
+    }
+  }
+  if (interfaces != nullptr) freeifaddrs(interfaces);
+  freeaddrinfo(resolved);
+  return local;
 }
 
 }  // namespace
@@ -248,16 +290,21 @@ absl::StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(Spec spec) {
   absl::Notification created;
   absl::Status status;
   UcxTransport* raw = t.get();
-  const bool posted = raw->spec_.context->worker_->Post([raw, &created, &status] {
+  // A server on this host is reached without UCX's peer failure mode, so
+  // that UCX may use shared memory; its gRPC channel tells when it dies.
+  const bool same_host = IsThisHost(raw->spec_.address);
+  const bool posted = raw->spec_.context->worker_->Post([raw, same_host, &created, &status] {
     ucx::UcxWorker& worker = *raw->spec_.context->worker_;
     absl::StatusOr<ucx::Endpoint> endpoint =
-        ucx::Connect(worker.worker(), raw->spec_.ucx_address.data(), &UcxTransport::OnEndpointError, raw);
+        ucx::Connect(worker.worker(), raw->spec_.ucx_address.data(),
+                     same_host ? ucx::PeerFailure::kOwner : ucx::PeerFailure::kUcx, &UcxTransport::OnEndpointError, raw);
     if (endpoint.ok()) {
       raw->endpoint_ = std::move(*endpoint);
       // First on the endpoint: where the server answers this session, over
-      // an endpoint of its own whose failure it is told of.
+      // an endpoint of its own (made the same way).
       auto hello = std::make_shared<ucx::HelloHeader>();
       hello->token = raw->spec_.session_token;
+      hello->flags = same_host ? ucx::kHelloSameHost : 0;
       const std::string& address = worker.address();
       ucx::SendAm(raw->endpoint_.ep, ucx::kHello, hello.get(), sizeof(*hello), address.data(), address.size(),
                   /*reply=*/false, [hello](ucs_status_t) {});
