@@ -57,6 +57,29 @@ absl::Status Train(ShardClient* client, GroupCollective* group, int steps) {
   return absl::OkStatus();
 }
 
+// A UCX link to shard 0 for `token`, made by hand (not by ShardClient).
+UcxTransport::Spec Shard0Spec(LocalCluster& cluster, UcxContext* context, uint64_t token,
+                              absl::Duration rpc_timeout) {
+  UcxTransport::Spec spec;
+  spec.context = context;
+  spec.address = cluster.addresses()[0];
+  spec.ucx_address = cluster.server(0).ucx_address();
+  spec.session_token = token;
+  spec.rpc_timeout = rpc_timeout;
+  return spec;
+}
+
+// The session token shard 0 gives `rank` at Join.
+uint64_t JoinShard0(const LocalCluster& cluster, int rank) {
+  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(cluster.addresses()[0], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::JoinRequest request;
+  request.set_trainer_rank(rank);
+  v1::JoinResponse response;
+  EXPECT_TRUE(stub->Join(&ctx, request, &response).ok());
+  return response.session_token();
+}
+
 // Rank 0 over gRPC, rank 1 over UCX, ranks 2 and 3 over UCX and gRPC and,
 // with fp32 on the wire, a host fabric group (groups reduce in fp32, so
 // bf16 parity is not defined for them; see accumulation_group_test).
@@ -127,13 +150,8 @@ TEST(UcxTest, PeerThatDidNotJoinIsRefusedAndChangesNothing) {
 
   auto context = UcxContext::Create();
   ASSERT_TRUE(context.ok()) << context.status();
-  UcxTransport::Spec spec;
-  spec.context = context->get();
-  spec.address = (*cluster)->addresses()[0];
-  spec.ucx_address = (*cluster)->server(0).ucx_address();
-  spec.session_token = 0x5eed;  // never issued: this peer did not join
-  spec.rpc_timeout = absl::Seconds(10);
-  auto intruder = UcxTransport::Create(spec);
+  // 0x5eed: never issued, this peer did not join.
+  auto intruder = UcxTransport::Create(Shard0Spec(**cluster, context->get(), 0x5eed, absl::Seconds(10)));
   ASSERT_TRUE(intruder.ok()) << intruder.status();
 
   auto wait = [](auto start) {
@@ -178,16 +196,6 @@ TEST(UcxTest, ASessionPushesOnlyForTheRankThatJoined) {
   auto cluster = LocalCluster::Start(job);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const UnitPartition& p = (*cluster)->server(0).state().layout().partitions[0];
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel((*cluster)->addresses()[0], grpc::InsecureChannelCredentials()));
-  auto join = [&](int rank) {
-    grpc::ClientContext ctx;
-    v1::JoinRequest request;
-    request.set_trainer_rank(rank);
-    v1::JoinResponse response;
-    EXPECT_TRUE(stub->Join(&ctx, request, &response).ok());
-    return response.session_token();
-  };
   auto context = UcxContext::Create();
   ASSERT_TRUE(context.ok()) << context.status();
   auto refused = [&] {
@@ -197,13 +205,7 @@ TEST(UcxTest, ASessionPushesOnlyForTheRankThatJoined) {
         .value_or(-1);
   };
   for (auto [rank, who] : {std::pair{-1, "a reader"}, std::pair{1, "trainer 1"}}) {
-    UcxTransport::Spec spec;
-    spec.context = context->get();
-    spec.address = (*cluster)->addresses()[0];
-    spec.ucx_address = (*cluster)->server(0).ucx_address();
-    spec.session_token = join(rank);
-    spec.rpc_timeout = absl::Seconds(10);
-    auto peer = UcxTransport::Create(spec);
+    auto peer = UcxTransport::Create(Shard0Spec(**cluster, context->get(), JoinShard0(**cluster, rank), absl::Seconds(10)));
     ASSERT_TRUE(peer.ok()) << peer.status();
     const double before = refused();
     auto grads = std::make_shared<const std::vector<float>>(p.padded_numel(), 1.0f);
@@ -312,21 +314,9 @@ TEST(UcxTest, ALinkOverSharedMemoryFailsWhenItsGrpcConnectionIsLost) {
   auto control = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   ASSERT_TRUE(control->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
 
-  auto stub = v1::ShardService::NewStub(
-      grpc::CreateChannel((*cluster)->addresses()[0], grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  v1::JoinRequest request;
-  request.set_trainer_rank(0);
-  v1::JoinResponse joined;
-  ASSERT_TRUE(stub->Join(&ctx, request, &joined).ok());
   auto context = UcxContext::Create();
   ASSERT_TRUE(context.ok()) << context.status();
-  UcxTransport::Spec spec;
-  spec.context = context->get();
-  spec.address = (*cluster)->addresses()[0];
-  spec.ucx_address = (*cluster)->server(0).ucx_address();
-  spec.session_token = joined.session_token();
-  spec.rpc_timeout = absl::Minutes(10);
+  UcxTransport::Spec spec = Shard0Spec(**cluster, context->get(), JoinShard0(**cluster, 0), absl::Minutes(10));
   spec.control_channel = control;
   auto link = UcxTransport::Create(spec);
   ASSERT_TRUE(link.ok()) << link.status();
