@@ -1,6 +1,7 @@
 #include "bench/bench_util.h"
 
 #include <arpa/inet.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,15 +19,54 @@
 
 namespace pshard::bench {
 
-JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards) {
+int OneBlockWidth(double unit_mib, double bytes_per_element) {
   // One transformer block holds 12 C^2 + 13 C parameters: pick C for the size.
   const double elements = unit_mib * 1048576.0 / bytes_per_element;
   int width = static_cast<int>(std::sqrt(elements / 12.0));
-  width -= width % 4;
+  return width - width % 4;
+}
+
+JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards) {
   JobConfig job;
-  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = width, .num_heads = 4, .context = 64, .vocab = 256}).value();
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1,
+                                    .d_model = OneBlockWidth(unit_mib, bytes_per_element),
+                                    .num_heads = 4,
+                                    .context = 64,
+                                    .vocab = 256})
+                  .value();
   job.num_shards = num_shards;
   return job;
+}
+
+void ServerProcesses::Stop() {
+  for (ChildProcess& c : children) c.Signal(SIGTERM);
+  for (ChildProcess& c : children) c.WaitUntil(absl::Now() + absl::Seconds(20));
+}
+
+absl::StatusOr<ServerProcesses> StartServerProcesses(const std::string& bin_dir, int num_shards,
+                                                     const std::vector<std::string>& args, const std::string& dir) {
+  ServerProcesses servers;
+  for (int s = 0; s < num_shards; ++s) {
+    const std::string port_file = absl::StrCat(dir, "/port", s);
+    std::vector<std::string> argv = {bin_dir + "/pshard-server", absl::StrCat("--shard_index=", s),
+                                     absl::StrCat("--num_shards=", num_shards),
+                                     absl::StrCat("--port_file=", port_file)};
+    if (s > 0) argv.push_back(absl::StrCat("--coordinator=", servers.addresses[0]));
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(argv, absl::StrCat(dir, "/server", s, ".log"));
+    if (!child.ok()) {
+      servers.Stop();
+      return child.status();
+    }
+    servers.children.push_back(std::move(*child));
+    absl::StatusOr<int> port = WaitForPortFile(port_file, servers.children.back(), absl::Seconds(120));
+    if (!port.ok()) {
+      servers.Stop();
+      return port.status();
+    }
+    servers.addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+  }
+  return servers;
 }
 
 int Fail(const absl::Status& status) {

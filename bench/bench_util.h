@@ -4,16 +4,32 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/job_config.h"
+#include "tools/process.h"
 
 namespace pshard::bench {
 
 /// A GPT with one transformer block whose block unit holds about
 /// `unit_mib` MiB at `bytes_per_element`, over `num_shards` servers.
 JobConfig OneBlockJob(double unit_mib, double bytes_per_element, int num_shards);
+/// The width of that GPT (its other sizes: 4 heads, context 64, vocab 256).
+int OneBlockWidth(double unit_mib, double bytes_per_element);
+
+/// N real pshard-server processes on 127.0.0.1, each started with
+/// `--shard_index=s --num_shards=N --port_file=...` (and `--coordinator` of
+/// shard 0 on the others) plus `args`; logs and port files in `dir`.
+struct ServerProcesses {
+  std::vector<ChildProcess> children;
+  std::vector<std::string> addresses;
+  /// SIGTERM to each, then waits up to 20 s for all.
+  void Stop();
+};
+absl::StatusOr<ServerProcesses> StartServerProcesses(const std::string& bin_dir, int num_shards,
+                                                     const std::vector<std::string>& args, const std::string& dir);
 
 /// Prints the status and returns an exit code for main().
 int Fail(const absl::Status& status);

@@ -94,10 +94,12 @@ int main(int argc, char** argv) {
     if (!fetch.ok()) return pshard::bench::Fail(fetch.status());
     results.emplace_back("fetch", *fetch, 0.9);
   }
-  // A trainer hands its gradient over (moved, not copied): the copy for
-  // each push is made before its timer starts. Push r is step r's: before
-  // it, untimed, the step before has been applied (version r is out) and
-  // the other units' gradients of step r are in.
+  // A trainer hands its gradient over (moved, not copied), in a buffer the
+  // client lends (GradientBuffer: one an earlier push gave back), as a
+  // trainer's backward does; the copy into it is made before the timer
+  // starts. Push r is step r's: before it, untimed, the step before has
+  // been applied (version r is out) and the other units' gradients of step
+  // r are in.
   if (wanted("push")) {
     const std::vector<float> gradient(elements, 1e-3f);
     std::vector<float> handed;
@@ -107,10 +109,12 @@ int main(int argc, char** argv) {
       if (step > 0) setup_status.Update((*client)->StartFetch(unit, step)->Wait());
       for (int u = 0; u < static_cast<int>((*client)->layout().partitions.size()); ++u) {
         if (u == unit) continue;
-        const int64_t other = (*client)->layout().partitions[u].padded_numel();
-        setup_status.Update((*client)->StartPush(u, step, std::vector<float>(other, 1e-3f))->Wait());
+        std::vector<float> other = (*client)->GradientBuffer(u);
+        std::fill(other.begin(), other.end(), 1e-3f);
+        setup_status.Update((*client)->StartPush(u, step, std::move(other))->Wait());
       }
-      handed = gradient;
+      handed = (*client)->GradientBuffer(unit);
+      std::copy(gradient.begin(), gradient.end(), handed.begin());
     };
     absl::StatusOr<Timing> push =
         time(setup, [&]() -> absl::Status {

@@ -13,18 +13,21 @@
 #   int4_grads         --grad_encoding=int4 (error feedback on)
 #   group2             --fabric_group_size=2: each member fetches and pushes
 #                      half of every unit over the slow link, the group
-#                      all-gathers and reduces the rest on its fabric
+#                      all-gathers and reduces the rest on its fabric, which
+#                      is emulated too (default 10 Gbit/s + 50 us one way per
+#                      member: a fast network inside a site, not free)
 #   best               all of the above together (int8 weights, int4
 #                      gradients, units kept, groups of 2)
 # Goal for `best`: >= 4x fewer bytes and >= 3x shorter steps than stage3_bf16,
 # final loss within 2%.
 #
 #   bench/levers.sh [--bin_dir=build/bin] [--model=demo|20m] [--steps=N] [--batch=B]
-#                   [--link_rate=100mbit] [--link_delay=2ms] [--out=DIR] [-- extra pshard local flags]
+#                   [--link_rate=100mbit] [--link_delay=2ms] [--fabric_rate=10gbit] [--fabric_delay=50us]
+#                   [--out=DIR] [-- extra pshard local flags]
 # Models: demo = `pshard local`'s default GPT (4 x 128, 0.87M parameters);
 # 20m = 6 x 512 (19.3M parameters). Steps default to 300 (demo) and 30 (20m).
 set -euo pipefail
-bin=build/bin model=demo steps="" batch=8 rate=100mbit delay=2ms out=""
+bin=build/bin model=demo steps="" batch=8 rate=100mbit delay=2ms fabric_rate=10gbit fabric_delay=50us out=""
 extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -34,6 +37,8 @@ while [[ $# -gt 0 ]]; do
     --batch=*) batch=${1#*=} ;;
     --link_rate=*) rate=${1#*=} ;;
     --link_delay=*) delay=${1#*=} ;;
+    --fabric_rate=*) fabric_rate=${1#*=} ;;
+    --fabric_delay=*) fabric_delay=${1#*=} ;;
     --out=*) out=${1#*=} ;;
     --) shift; extra=("$@"); break ;;
     *) echo "levers.sh: unknown argument $1" >&2; exit 2 ;;
@@ -56,8 +61,8 @@ declare -A flags=(
   [int8_weights]="--weight_encoding=int8"
   [int8_grads]="--grad_encoding=int8"
   [int4_grads]="--grad_encoding=int4"
-  [group2]="--fabric_group_size=2"
-  [best]="--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false --fabric_group_size=2"
+  [group2]="--fabric_group_size=2 --fabric_rate=$fabric_rate --fabric_delay=$fabric_delay"
+  [best]="--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false --fabric_group_size=2 --fabric_rate=$fabric_rate --fabric_delay=$fabric_delay"
 )
 
 # Runs one setting; prints "wall exposed mib loss" (ms, ms, MiB per step, nats).
@@ -74,7 +79,8 @@ run() {
     "$out/$name.log" | head -1 | sed "s/\$/ $loss/"
 }
 
-echo "levers: model $model, $steps steps, batch $batch x seq per trainer, 4 servers, 2 trainers, link $rate + $delay"
+echo "levers: model $model, $steps steps, batch $batch x seq per trainer, 4 servers, 2 trainers, link $rate + $delay," \
+  "fabric (groups) $fabric_rate + $fabric_delay"
 printf '%-13s %10s %10s %11s %8s | %9s %9s %7s\n' setting "step ms" "exposed" "MiB/step" loss \
   "faster" "fewer B" "loss"
 base=""

@@ -7,7 +7,6 @@
 // model, and the peak at rest is the loading's: a server reads the file a
 // piece at a time and keeps only its slices, so it stays near 16 * P / N
 // (a loader that held the file would add 4 to 12 bytes * P on every shard).
-#include <signal.h>
 #include <stdlib.h>
 
 #include <cstdio>
@@ -30,15 +29,6 @@ ABSL_FLAG(int, layers, 14, "transformer blocks");
 ABSL_FLAG(int, d_model, 768, "model width");
 ABSL_FLAG(int, train_steps, 2, "steps trained before reading the peak (0: only at rest)");
 ABSL_FLAG(bool, init_from, false, "start every server from a safetensors file of the whole model (--init_from)");
-
-namespace {
-
-void StopAll(std::vector<pshard::ChildProcess>& children) {
-  for (auto& c : children) c.Signal(SIGTERM);
-  for (auto& c : children) c.WaitUntil(absl::Now() + absl::Seconds(20));
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -67,29 +57,16 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = pshard::WriteSafetensors(init_file, views, {}); !s.ok()) return pshard::bench::Fail(s);
   }
-  std::vector<pshard::ChildProcess> servers;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < n; ++s) {
-    const std::string port_file = absl::StrCat(dir, "/port", s);
-    std::vector<std::string> argv = {bin + "/pshard-server", absl::StrCat("--shard_index=", s),
-                                     absl::StrCat("--num_shards=", n), "--num_trainers=1",
-                                     absl::StrCat("--layers=", config.num_layers),
-                                     absl::StrCat("--d_model=", config.d_model), "--heads=12", "--context=1024",
-                                     absl::StrCat("--port_file=", port_file)};
-    if (s > 0) argv.push_back(absl::StrCat("--coordinator=", addresses[0]));
-    if (!init_file.empty()) argv.push_back(absl::StrCat("--init_from=", init_file));
-    auto server = pshard::ChildProcess::Spawn(argv, absl::StrCat(dir, "/server", s, ".log"));
-    if (!server.ok()) return pshard::bench::Fail(server.status());
-    servers.push_back(std::move(*server));
-    auto port = pshard::WaitForPortFile(port_file, servers.back(), absl::Seconds(120));
-    if (!port.ok()) {
-      StopAll(servers);
-      return pshard::bench::Fail(port.status());
-    }
-    addresses.push_back(absl::StrCat("127.0.0.1:", *port));
-  }
+  std::vector<std::string> server_args = {"--num_trainers=1", absl::StrCat("--layers=", config.num_layers),
+                                          absl::StrCat("--d_model=", config.d_model), "--heads=12",
+                                          "--context=1024"};
+  if (!init_file.empty()) server_args.push_back(absl::StrCat("--init_from=", init_file));
+  absl::StatusOr<pshard::bench::ServerProcesses> servers =
+      pshard::bench::StartServerProcesses(bin, n, server_args, dir);
+  if (!servers.ok()) return pshard::bench::Fail(servers.status());
+  const std::vector<std::string>& addresses = servers->addresses;
   absl::SleepFor(absl::Milliseconds(500));
-  auto at_rest = pshard::bench::ReadProcessMemory(servers[0].pid());
+  auto at_rest = pshard::bench::ReadProcessMemory(servers->children[0].pid());
 
   absl::StatusOr<pshard::bench::ProcessMemory> peak = at_rest;
   if (const int steps = absl::GetFlag(FLAGS_train_steps); steps > 0 && at_rest.ok()) {
@@ -99,13 +76,13 @@ int main(int argc, char** argv) {
         dir + "/trainer.log");
     std::optional<int> code = trainer.ok() ? trainer->WaitUntil(absl::Now() + absl::Minutes(10)) : std::nullopt;
     if (!code || *code != 0) {
-      StopAll(servers);
+      servers->Stop();
       std::fprintf(stderr, "training failed; see %s/trainer.log\n", dir.c_str());
       return 1;
     }
-    peak = pshard::bench::ReadProcessMemory(servers[0].pid());
+    peak = pshard::bench::ReadProcessMemory(servers->children[0].pid());
   }
-  StopAll(servers);
+  servers->Stop();
   if (!init_file.empty()) std::remove(init_file.c_str());
   if (!at_rest.ok()) return pshard::bench::Fail(at_rest.status());
   if (!peak.ok()) return pshard::bench::Fail(peak.status());

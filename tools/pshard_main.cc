@@ -122,8 +122,11 @@ ABSL_FLAG(std::string, link_scope, "node",
 ABSL_FLAG(std::string, params, "",
           "plan: a parameter count (7.5e9, 7.5B, 125M) spread over --layers equal layers of width --d_model, "
           "instead of the GPT of --layers, --d_model, --heads");
-ABSL_FLAG(std::string, fabric_rate, "", "plan: bandwidth between members of a fabric group, tc units (empty: unlimited)");
-ABSL_FLAG(std::string, fabric_delay, "", "plan: one-way latency between members of a fabric group");
+ABSL_FLAG(std::string, fabric_rate, "",
+          "bandwidth of each fabric-group member's interface, tc units (empty: unlimited); local emulates it in "
+          "the trainers' tcp groups, plan and sweep predict with it");
+ABSL_FLAG(std::string, fabric_delay, "",
+          "one-way latency between members of a fabric group (local emulates it; plan and sweep predict with it)");
 ABSL_FLAG(std::string, device_flops, "auto",
           "plan: a trainer device's peak FLOP/s (e.g. 989e12), or auto: this machine's SGEMM rate");
 ABSL_FLAG(double, mfu, 0.5, "plan: the model FLOPs utilisation the trainers achieve, (0, 1]");
@@ -325,6 +328,25 @@ int RunLocal() {
       absl::StrCat("--server_retry_limit=", absl::FormatDuration(absl::GetFlag(FLAGS_server_retry_limit))),
       absl::StrCat("--rpc_timeout=", absl::FormatDuration(absl::GetFlag(FLAGS_rpc_timeout))),
   };
+  if (!absl::GetFlag(FLAGS_fabric_rate).empty() || !absl::GetFlag(FLAGS_fabric_delay).empty()) {
+    if (spec.fabric_group_size < 2) {
+      std::fprintf(stderr, "pshard local: --fabric_rate and --fabric_delay shape fabric groups: they need "
+                           "--fabric_group_size of 2 or more\n");
+      return 2;
+    }
+    absl::Duration delay;
+    const std::string delay_text = absl::GetFlag(FLAGS_fabric_delay);
+    if (absl::StatusOr<std::string> rate = pshard::DescribeLinkRate(absl::GetFlag(FLAGS_fabric_rate)); !rate.ok()) {
+      std::fprintf(stderr, "pshard local: --fabric_rate: %s\n", std::string(rate.status().message()).c_str());
+      return 2;
+    }
+    if (!delay_text.empty() && (!absl::ParseDuration(delay_text, &delay) || delay < absl::ZeroDuration())) {
+      std::fprintf(stderr, "pshard local: --fabric_delay=%s is not a duration such as 50us\n", delay_text.c_str());
+      return 2;
+    }
+    spec.trainer_flags.push_back(absl::StrCat("--fabric_rate=", absl::GetFlag(FLAGS_fabric_rate)));
+    spec.trainer_flags.push_back(absl::StrCat("--fabric_delay=", absl::GetFlag(FLAGS_fabric_delay)));
+  }
   if (!absl::GetFlag(FLAGS_val_data).empty() || absl::GetFlag(FLAGS_eval_every) != 0) {
     // The trainer checks them (both or neither) before it starts.
     spec.evaluator_flags = {absl::StrCat("--val_data=", absl::GetFlag(FLAGS_val_data)),

@@ -41,6 +41,7 @@ std::vector<float> BufferPool::Take(size_t n) {
 }
 
 void BufferPool::Give(std::vector<float> buffer) {
+  if (buffer.empty()) return;
   absl::MutexLock lock(&mu_);
   if (free_.size() >= max_free_) free_.erase(free_.begin());
   free_.push_back(std::move(buffer));
@@ -491,6 +492,12 @@ std::shared_ptr<UnitTransfer> ShardClient::StartFetch(int unit, int64_t version,
   return transfer;
 }
 
+std::vector<float> ShardClient::GradientBuffer(int unit) {
+  std::vector<float> buffer = pool_->Take(static_cast<size_t>(layout_.partitions[unit].padded_numel()));
+  std::fill(buffer.begin(), buffer.end(), 0.0f);
+  return buffer;
+}
+
 std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std::vector<float> grads,
                                                      const PushOptions& push) {
   const std::vector<int> targets = ShardsOrAll(push.shards, static_cast<int>(shards_.size()));
@@ -523,7 +530,12 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
                                           &sent) ? 0 : 1;
     }
   }
-  auto shared = std::make_shared<const std::vector<float>>(std::move(grads));
+  // Back to the pool when the last transport lets go of it.
+  std::shared_ptr<const std::vector<float>> shared(
+      new std::vector<float>(std::move(grads)), [pool = std::weak_ptr<BufferPool>(pool_)](const std::vector<float>* v) {
+        std::unique_ptr<std::vector<float>> owned(const_cast<std::vector<float>*>(v));
+        if (std::shared_ptr<BufferPool> p = pool.lock()) p->Give(std::move(*owned));
+      });
   Track(transfer);
   for (size_t i = 0; i < targets.size(); ++i) {
     const int s = targets[i];

@@ -28,8 +28,11 @@ namespace pshard {
 
 class UcxContext;  // trainer_client/transport/ucx/ucx_transport.h, in builds with UCX
 
-/// Recycles unit-sized buffers so that fetching a unit does not allocate
-/// and page-fault a fresh buffer every time. Thread-safe.
+/// Recycles unit-sized buffers so that fetching a unit, or computing and
+/// pushing its gradient, does not allocate and page-fault a fresh buffer
+/// every time (and that the kernel reads pushed gradients from pages it
+/// has seen: on some VMs its first read of each page through a socket
+/// costs more than the copy). Thread-safe.
 class BufferPool {
  public:
   explicit BufferPool(size_t max_free) : max_free_(max_free) {}
@@ -182,6 +185,11 @@ class ShardClient {
     int rank_count = 1;           ///< trainers summed in: first_rank .. first_rank + rank_count - 1 (a fabric group)
     std::optional<std::vector<int>> shards;  ///< shards to push to; unset: all
   };
+  /// A buffer for `unit`'s gradient: its padded length, zeros, reused
+  /// from an earlier fetch or push where one is free (StartPush gives the
+  /// gradient back once every shard has it).
+  std::vector<float> GradientBuffer(int unit);
+
   /// Starts pushing the gradient of `unit` for `step`: `grads` has the
   /// unit's padded length (padding zero); slice s goes to shard s. With
   /// quantized gradients and error feedback, each pushed slice first gets

@@ -289,7 +289,7 @@ absl::Status Trainer::RunPass(int64_t step, int first_micro, StepReport* report,
     } else if (w == nullptr) {
       ASSIGN_OR_RETURN(w, prefetch.Get(position++));
     }
-    pending.push_back({u, std::vector<float>(client_->layout().partitions[u].padded_numel(), 0.0f)});
+    pending.push_back({u, client_->GradientBuffer(u)});
     RETURN_IF_ERROR(model_->BackwardUnit(u, w != nullptr ? w->values() : regathered, pending.back().grads));
     w.reset();  // drop the weights as soon as the model has them
     regathered = {};

@@ -114,6 +114,10 @@ ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joini
 ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
           "keep serving /metrics this long after the last step, so that Prometheus scrapes the final values "
           "(a few scrape intervals; a termination signal ends it early)");
+ABSL_FLAG(std::string, fabric_rate, "",
+          "emulated bandwidth of each fabric-group member's outgoing interface (--group_backend=tcp), e.g. 10gbit "
+          "(empty: the machine's speed)");
+ABSL_FLAG(std::string, fabric_delay, "", "emulated one-way latency between fabric-group members, e.g. 50us");
 ABSL_FLAG(std::string, group_host, "127.0.0.1",
           "address this trainer's fabric-group endpoint listens on and is reached at (on the group's fabric)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to wait for the servers at start");
@@ -219,6 +223,12 @@ int Run() {
     return 2;
   }
   copts.link = *link;
+  const absl::StatusOr<pshard::LinkSpec> fabric =
+      pshard::LinkSpec::Parse(absl::GetFlag(FLAGS_fabric_rate), absl::GetFlag(FLAGS_fabric_delay), "");
+  if (!fabric.ok()) {
+    std::fprintf(stderr, "pshard-trainer: --fabric_rate/--fabric_delay: %s\n", fabric.status().ToString().c_str());
+    return 2;
+  }
   copts.link_scope = absl::GetFlag(FLAGS_link_scope);
   copts.link_dir = absl::GetFlag(FLAGS_link_dir);
   if (const std::string rate = FlagOrEnv(absl::GetFlag(FLAGS_link_rate), "PSHARD_LINK_RATE"); !rate.empty()) {
@@ -330,7 +340,11 @@ int Run() {
     };
     absl::StatusOr<std::unique_ptr<pshard::GroupCollective>> joined;
     if (const std::string backend = absl::GetFlag(FLAGS_group_backend); backend == "tcp") {
-      joined = pshard::JoinSocketGroup(absl::GetFlag(FLAGS_group_host), member, size, rendezvous, copts.rpc_timeout);
+      joined = pshard::JoinSocketGroup(absl::GetFlag(FLAGS_group_host), member, size, rendezvous, copts.rpc_timeout,
+                                       *fabric);
+    } else if (fabric->enabled()) {
+      joined = absl::InvalidArgumentError(absl::StrCat("--fabric_rate and --fabric_delay emulate a tcp group's fabric; "
+                                                       "--group_backend=", backend, " runs on the real one"));
     } else if (backend == "nccl") {
       const absl::StatusOr<int> index = pshard::CudaDeviceIndex(absl::GetFlag(FLAGS_device));
       const absl::StatusOr<const pshard::GpuPlugin*> gpu = pshard::LoadGpuPlugin();
@@ -352,8 +366,9 @@ int Run() {
     }
     group = std::move(*joined);
     topts.group = group.get();
-    std::fprintf(stderr, "pshard-trainer %d: member %d of fabric group [%s]\n", copts.trainer_rank, member,
-                 absl::StrJoin(fabric_group, ",").c_str());
+    std::fprintf(stderr, "pshard-trainer %d: member %d of fabric group [%s]%s\n", copts.trainer_rank, member,
+                 absl::StrJoin(fabric_group, ",").c_str(),
+                 fabric->enabled() ? absl::StrCat(", fabric emulated at ", fabric->ToString()).c_str() : "");
   }
   topts.batch = absl::GetFlag(FLAGS_batch);
   topts.seq_len = absl::GetFlag(FLAGS_seq_len);

@@ -24,13 +24,16 @@ constexpr int kTrainers = 4;
 constexpr int kSteps = 4;
 
 // Runs the job and returns its run folder (checkpoints in <run>/ckpt).
-std::string Train(int group_size) {
+// `extra`: more flags of pshard local.
+std::string Train(int group_size, const std::vector<std::string>& extra = {}) {
   const std::string run_dir = MakeRunDir();
-  auto launcher = StartLocal(run_dir, {absl::StrCat("--servers=", kServers), absl::StrCat("--trainers=", kTrainers),
-                                       absl::StrCat("--steps=", kSteps), "--encoding=fp32", "--layers=2",
-                                       "--d_model=32", "--heads=2", "--context=16", "--batch=2", "--seq_len=16",
-                                       "--log_every=1", absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt"),
-                                       absl::StrCat("--fabric_group_size=", group_size)});
+  std::vector<std::string> flags = {absl::StrCat("--servers=", kServers), absl::StrCat("--trainers=", kTrainers),
+                                    absl::StrCat("--steps=", kSteps), "--encoding=fp32", "--layers=2",
+                                    "--d_model=32", "--heads=2", "--context=16", "--batch=2", "--seq_len=16",
+                                    "--log_every=1", absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt"),
+                                    absl::StrCat("--fabric_group_size=", group_size)};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  auto launcher = StartLocal(run_dir, flags);
   EXPECT_TRUE(launcher.ok()) << launcher.status();
   if (!launcher.ok()) return run_dir;
   std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(5));
@@ -42,14 +45,17 @@ TEST(FabricGroupE2E, GroupedProcessesTrainExactlyLikeUngroupedOnes) {
   const std::string plain = Train(1);
   for (int group_size : {2, 4}) {
     SCOPED_TRACE(absl::StrCat("groups of ", group_size));
-    const std::string grouped = Train(group_size);
+    // The groups of 4 over an emulated fabric: slower, the same numbers.
+    const std::vector<std::string> fabric = {"--fabric_rate=1gbit", "--fabric_delay=1ms"};
+    const std::string grouped = Train(group_size, group_size == 4 ? fabric : std::vector<std::string>());
     // Every member announced its group (rank 0 writes to the launcher's log).
     for (int r = 1; r < kTrainers; ++r) {
       const int first = r / group_size * group_size;
       std::vector<std::string> ranks;
       for (int m = first; m < first + group_size; ++m) ranks.push_back(absl::StrCat(m));
       EXPECT_THAT(ReadFile(absl::StrCat(grouped, "/trainer", r, ".log")),
-                  HasSubstr(absl::StrCat("member ", r - first, " of fabric group [", absl::StrJoin(ranks, ","), "]")));
+                  HasSubstr(absl::StrCat("member ", r - first, " of fabric group [", absl::StrJoin(ranks, ","), "]",
+                                         group_size == 4 ? ", fabric emulated at 1000.0 Mbit/s, 1ms latency" : "")));
     }
     for (int s = 0; s < kServers; ++s) {
       const std::string name = absl::StrFormat("shard-%d-of-%d.step-%010d.ckpt", s, kServers, kSteps);

@@ -269,6 +269,11 @@ TEST(LocalClusterE2E, ABadLinkRateIsRefusedBeforeStarting) {
   ExpectRefused({"--servers=2", "--trainers=1", "--link_delay=soon"}, 2, "--link_delay=soon is not a duration");
   ExpectRefused({"--servers=2", "--trainers=1", "--link_scope=wire"}, 2, "--link_scope=wire is not node or connection");
   ExpectRefused({"--servers=2", "--trainers=1", "--placement=rack"}, 2, "--placement=rack is not separate or paired");
+  ExpectRefused({"--servers=2", "--trainers=2", "--fabric_rate=10gbit"}, 2, "need --fabric_group_size of 2 or more");
+  ExpectRefused({"--servers=2", "--trainers=2", "--fabric_group_size=2", "--fabric_rate=fast"}, 2,
+                "--fabric_rate: link rate 'fast' is not a number");
+  ExpectRefused({"--servers=2", "--trainers=2", "--fabric_group_size=2", "--fabric_delay=soon"}, 2,
+                "--fabric_delay=soon is not a duration");
 }
 
 // Paired placement: trainer R and server R on one emulated node, whose

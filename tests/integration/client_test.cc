@@ -175,6 +175,32 @@ int64_t ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// A trainer's gradient buffers are reused: once a push has gone, its
+// buffer is the next one lent for that unit, all zeros again.
+TEST(ClientTest, APushedGradientBufferIsLentAgainAsZeros) {
+  auto cluster = LocalCluster::Start(SmallJob(2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = ConnectTo((*cluster)->addresses(), 0);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int unit = 1;
+  std::vector<float> grads = (*client)->GradientBuffer(unit);
+  ASSERT_EQ(static_cast<int64_t>(grads.size()), (*client)->layout().partitions[unit].padded_numel());
+  EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float g) { return g == 0.0f; }));
+  std::fill(grads.begin(), grads.end(), 0.5f);
+  const float* pushed = grads.data();
+  ASSERT_TRUE((*client)->StartPush(unit, 0, std::move(grads))->Wait().ok());
+  // The transports let go of it a moment after the push is acknowledged.
+  std::vector<float> again;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(10); absl::Now() < deadline;) {
+    again = (*client)->GradientBuffer(unit);
+    if (again.data() == pushed) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(again.data(), pushed) << "the pushed buffer was not lent again within 10 s";
+  EXPECT_TRUE(std::all_of(again.begin(), again.end(), [](float g) { return g == 0.0f; }))
+      << "a lent buffer still holds the last gradient";
+}
+
 // A push's room grows as its data arrives: eight pushes of a 20 MB slice
 // that stop after a 4 KiB first chunk hold kilobytes, not the 160 MB that
 // allocating each whole slice at its first chunk would pin.

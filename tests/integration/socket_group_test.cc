@@ -34,7 +34,8 @@ class SocketGroupTest : public ::testing::Test {
   // Members [0, size) joined from threads, each through its own client.
   std::vector<absl::StatusOr<std::unique_ptr<GroupCollective>>> JoinAll(const std::string& group, int size,
                                                                          std::vector<int> members,
-                                                                         absl::Duration timeout) {
+                                                                         absl::Duration timeout,
+                                                                         const LinkSpec& fabric = {}) {
     std::vector<absl::StatusOr<std::unique_ptr<GroupCollective>>> out(members.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < members.size(); ++i) {
@@ -47,7 +48,7 @@ class SocketGroupTest : public ::testing::Test {
         out[i] = JoinSocketGroup(
             "127.0.0.1", members[i], size,
             [&](const std::string& payload) { return (*client)->Rendezvous(group, members[i], size, payload, timeout); },
-            timeout);
+            timeout, fabric);
       });
     }
     for (auto& t : threads) t.join();
@@ -134,6 +135,36 @@ TEST_F(SocketGroupTest, CollectivesEqualTheSharedMemoryGroupBitForBit) {
       }
     }
   }
+}
+
+// An emulated fabric delivers each member's message no sooner than its
+// bytes take at the rate, plus the latency, and changes no result.
+TEST_F(SocketGroupTest, AnEmulatedFabricDeliversAtItsRateAndLatency) {
+  absl::StatusOr<LinkSpec> fabric = LinkSpec::Parse("100mbit", "20ms", "");
+  ASSERT_TRUE(fabric.ok()) << fabric.status();
+  auto shaped = JoinAll("shaped", 2, {0, 1}, absl::Seconds(30), *fabric);
+  auto plain = JoinAll("plain", 2, {0, 1}, absl::Seconds(30));
+  for (auto* joined : {&shaped, &plain}) {
+    for (auto& j : *joined) ASSERT_TRUE(j.ok()) << j.status();
+  }
+  // Two shards of 125000 elements: each member sends 500 kB, 40 ms at 100
+  // Mbit/s, and each collective sends one message each way.
+  absl::StatusOr<UnitPartition> partition = PartitionUnit(250000, 2, 8);
+  ASSERT_TRUE(partition.ok());
+  const GroupOwnership owned = ShardOwnership(*partition, 2);
+  auto via_shaped = RandomBuffers(2, partition->padded_numel(), 7);
+  auto via_plain = via_shaped;
+  const absl::Time start = absl::Now();
+  for (absl::Status s : OnEach(2, via_shaped, [&](int m, std::span<float> b) { return (*shaped[m])->AllGather(b, owned); })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const absl::Duration took = absl::Now() - start;
+  const double bytes = static_cast<double>(RangeElements(owned[0])) * sizeof(float);
+  EXPECT_GE(took, absl::Seconds(bytes * 8 / 100e6) + absl::Milliseconds(20)) << "sent " << bytes << " bytes";
+  for (absl::Status s : OnEach(2, via_plain, [&](int m, std::span<float> b) { return (*plain[m])->AllGather(b, owned); })) {
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int m = 0; m < 2; ++m) EXPECT_TRUE(SameBits(via_shaped[m], via_plain[m])) << "member " << m;
 }
 
 TEST_F(SocketGroupTest, AMemberThatNeverComesIsNamed) {

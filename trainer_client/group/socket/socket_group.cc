@@ -182,8 +182,14 @@ absl::StatusOr<Fd> Connect(const std::string& address, absl::Time deadline, cons
 
 class SocketGroupMember final : public GroupCollective {
  public:
-  SocketGroupMember(int rank, std::vector<std::string> addresses, std::vector<Fd> peers, absl::Duration timeout)
-      : rank_(rank), addresses_(std::move(addresses)), peers_(std::move(peers)), timeout_(timeout) {}
+  SocketGroupMember(int rank, std::vector<std::string> addresses, std::vector<Fd> peers, absl::Duration timeout,
+                    const LinkSpec& fabric)
+      : rank_(rank),
+        addresses_(std::move(addresses)),
+        peers_(std::move(peers)),
+        timeout_(timeout),
+        fabric_(fabric),
+        outgoing_(LinkBucket::InProcess()) {}
 
   int size() const override { return static_cast<int>(addresses_.size()); }
   int rank() const override { return rank_; }
@@ -257,6 +263,7 @@ class SocketGroupMember final : public GroupCollective {
         const std::vector<float>& data = outgoing(m);
         FrameHeader header{kFrameMagic, static_cast<uint32_t>(op), call, data.size() * sizeof(float)};
         const std::string what = absl::StrCat(context, ": sending to ", Peer(m));
+        HoldForFabric(sizeof(header) + header.bytes);
         sent[m] = SendAll(peers_[m].get(), &header, sizeof(header), deadline, what);
         if (sent[m].ok()) sent[m] = SendAll(peers_[m].get(), data.data(), header.bytes, deadline, what);
       });
@@ -294,6 +301,19 @@ class SocketGroupMember final : public GroupCollective {
     return absl::OkStatus();
   }
 
+  // On an emulated fabric: waits until a message of `bytes` handed over
+  // now has passed this member's outgoing interface (behind the messages
+  // before it) and then one latency, so that it arrives when the fabric
+  // would have delivered it.
+  void HoldForFabric(uint64_t bytes) {
+    if (!fabric_.enabled()) return;
+    const absl::Duration transmission = fabric_.bytes_per_second > 0
+                                            ? absl::Seconds(static_cast<double>(bytes) / fabric_.bytes_per_second)
+                                            : absl::ZeroDuration();
+    const absl::Time passed = outgoing_->Pass(absl::Now(), transmission);
+    absl::SleepFor(passed + fabric_.latency - absl::Now());
+  }
+
   absl::Status Check(std::span<float> buffer, const GroupOwnership& owned) const {
     return CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size());
   }
@@ -302,6 +322,8 @@ class SocketGroupMember final : public GroupCollective {
   const std::vector<std::string> addresses_;
   std::vector<Fd> peers_;  // [member]; invalid for this member
   const absl::Duration timeout_;
+  const LinkSpec fabric_;
+  const std::shared_ptr<LinkBucket> outgoing_;  // this member's interface, when the fabric is emulated
   uint64_t calls_ = 0;
 };
 
@@ -309,7 +331,7 @@ class SocketGroupMember final : public GroupCollective {
 
 absl::StatusOr<std::unique_ptr<GroupCollective>> JoinSocketGroup(const std::string& host, int rank, int size,
                                                                  const RendezvousFn& rendezvous,
-                                                                 absl::Duration timeout) {
+                                                                 absl::Duration timeout, const LinkSpec& fabric) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("fabric group member ", rank, " of ", size, " is out of range"));
   }
@@ -359,7 +381,7 @@ absl::StatusOr<std::unique_ptr<GroupCollective>> JoinSocketGroup(const std::stri
     }
     peers[hello.rank] = std::move(fd);
   }
-  return std::make_unique<SocketGroupMember>(rank, std::move(*addresses), std::move(peers), timeout);
+  return std::make_unique<SocketGroupMember>(rank, std::move(*addresses), std::move(peers), timeout, fabric);
 }
 
 }  // namespace pshard
