@@ -108,9 +108,10 @@ absl::StatusOr<double> PerftestBytesPerSecond(int64_t message_bytes) {
   pclose(pipe);
   if (!server->WaitUntil(absl::Now() + absl::Seconds(10))) server->Signal(SIGKILL);
   // "Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall"; bandwidth in MiB/s.
+  // The per-interval columns (avg, bw_avg) can read "inf" and 0.00 there.
   std::smatch m;
   if (!std::regex_search(out, m,
-                         std::regex(R"(Final:\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+))"))) {
+                         std::regex(R"(Final:\s+\d+\s+[0-9.]+\s+(?:[0-9.]+|inf)\s+[0-9.]+\s+[0-9.]+\s+([0-9.]+))"))) {
     return absl::InternalError(absl::StrCat("could not read ucx_perftest's result:\n", out.substr(0, 2000)));
   }
   return std::stod(m[1]) * 1048576.0;
