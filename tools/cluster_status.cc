@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/host_port.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/rpc_util.h"
@@ -96,16 +97,12 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, const std::strin
 }
 
 absl::StatusOr<int> Connect(const std::string& address, absl::Time deadline) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  if (!parsed.ok()) return parsed.status();
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), address.c_str() + colon + 1, &hints, &found); rc != 0) {
+  if (const int rc = getaddrinfo(parsed->host.c_str(), absl::StrCat(parsed->port).c_str(), &hints, &found); rc != 0) {
     return absl::UnavailableError(absl::StrCat("getaddrinfo ", address, ": ", gai_strerror(rc)));
   }
   const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

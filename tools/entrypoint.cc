@@ -12,6 +12,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/host_port.h"
 #include "common/link_rate.h"
 
 namespace pshard::entrypoint {
@@ -93,11 +94,8 @@ absl::StatusOr<std::optional<Sourced>> Agreeing(const Environment& env, const st
 }
 
 absl::Status CheckAddress(const std::string& address, const std::string& from) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
-      port < 1 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(from, ": \"", address, "\" is not host:port"));
+  if (absl::Status s = ParseHostPort(address).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(from, ": ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/host_port.h"
 #include "common/link_rate.h"
 #include "common/security/flags.h"
 #include "lab/plan.h"
@@ -30,6 +31,7 @@
 #include "lab/plan_report.h"
 #include "lab/sweep.h"
 #include "common/status_macros.h"
+#include "pshard/config.h"
 #include "trainer_client/peak_flops.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
@@ -382,6 +384,13 @@ int RunLocal() {
   }
   spec.tls = absl::GetFlag(FLAGS_tls);
   spec.tokens = absl::GetFlag(FLAGS_auth_tokens);
+  if (spec.tls && PSHARD_WITH_UCX && absl::GetFlag(FLAGS_transport) != "grpc") {
+    std::fprintf(stderr,
+                 "pshard local: warning: --tls protects gRPC only; with --transport=%s the trainers fetch weights "
+                 "and push gradients over UCX, in plaintext (docs/security.md); --transport=grpc carries them over "
+                 "TLS\n",
+                 absl::GetFlag(FLAGS_transport).c_str());
+  }
   if (pshard::SecurityOptionsFromFlags().any()) {
     std::fprintf(stderr,
                  "pshard local: --tls_cert, --tls_key, --tls_ca and --auth_token_file are for pshard status and "
@@ -565,13 +574,15 @@ int RunPlot(const std::vector<char*>& args) {
 
 // Prints the job's table; exits 1 when a server or trainer did not answer.
 int RunStatus() {
-  std::vector<std::string> servers = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  if (servers.empty() || absl::c_any_of(servers, [](const std::string& s) { return s.find(':') == s.npos; })) {
+  absl::StatusOr<std::vector<std::string>> parsed = pshard::ParseAddressList(absl::GetFlag(FLAGS_servers), "--servers");
+  if (!parsed.ok()) {
     std::fprintf(stderr,
-                 "pshard status: give one shard server of the job (--servers=host:port) or all of them "
-                 "(--servers=host:port,host:port,...)\n");
+                 "pshard status: %s\n  give one shard server of the job (--servers=host:port) or all of them "
+                 "(--servers=host:port,host:port,...)\n",
+                 std::string(parsed.status().message()).c_str());
     return 2;
   }
+  std::vector<std::string> servers = *std::move(parsed);
   absl::StatusOr<std::shared_ptr<const pshard::ClientSecurity>> security =
       pshard::ClientSecurity::Create(pshard::SecurityOptionsFromFlags(), pshard::Role::kReader);
   if (!security.ok()) {

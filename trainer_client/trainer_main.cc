@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/host_port.h"
 #include "common/link_rate.h"
 #include "common/security/flags.h"
 #include "common/signals.h"
@@ -171,7 +172,15 @@ int Run() {
     return 2;
   }
   pshard::ShardClient::Options copts;
-  copts.server_addresses = absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  {
+    absl::StatusOr<std::vector<std::string>> servers =
+        pshard::ParseAddressList(absl::GetFlag(FLAGS_servers), "--servers");
+    if (!servers.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s\n", std::string(servers.status().message()).c_str());
+      return 2;
+    }
+    copts.server_addresses = *std::move(servers);
+  }
   copts.trainer_rank = absl::GetFlag(FLAGS_rank);
   copts.encodings = *encodings;
   copts.error_feedback = *error_feedback;
@@ -311,6 +320,16 @@ int Run() {
     for (const auto& [description, shards] : links) {
       std::fprintf(stderr, "pshard-trainer %d: shard%s %s: %s\n", copts.trainer_rank, shards.size() > 1 ? "s" : "",
                    absl::StrJoin(shards, ",").c_str(), description.c_str());
+    }
+    std::vector<std::string> over_ucx;
+    for (size_t s = 0; s < (*client)->shard_addresses().size(); ++s) {
+      if ((*client)->transport_name(static_cast<int>(s)) == "ucx") over_ucx.push_back(absl::StrCat(s));
+    }
+    if (copts.security->tls() && !over_ucx.empty()) {
+      std::fprintf(stderr,
+                   "pshard-trainer %d: warning: --tls protects gRPC only; the weights and gradients of shard%s %s "
+                   "travel over UCX in plaintext (docs/security.md); --transport=grpc carries them over TLS\n",
+                   copts.trainer_rank, over_ucx.size() > 1 ? "s" : "", absl::StrJoin(over_ucx, ",").c_str());
     }
   }
   if (absl::GetFlag(FLAGS_print_plan)) {

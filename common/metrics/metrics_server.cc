@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "civetweb.h"
+#include "common/host_port.h"
 
 namespace pshard::metrics {
 namespace {
@@ -40,10 +41,6 @@ int64_t StaticTlsBytes() {
   return total;
 }
 
-bool AllDigits(absl::string_view s) {
-  return !s.empty() && absl::c_all_of(s, [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // A host civetweb can bind: a host name, a dotted IPv4 address or a bracketed
 // IPv6 one. civetweb itself would wrap "999.0.0.1" around to 231.0.0.1.
 bool IsValidHost(const std::string& host) {
@@ -61,16 +58,14 @@ bool IsValidHost(const std::string& host) {
 
 // Splits "host:port" and checks both parts.
 absl::Status ParseAddress(const std::string& address, std::string* host, int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 ||
-      !AllDigits(absl::string_view(address).substr(colon + 1)) ||
-      !absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), port) || *port > 65535 ||
-      !IsValidHost(address.substr(0, colon))) {
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address, /*min_port=*/0);
+  if (!parsed.ok() || !IsValidHost(address.substr(0, address.rfind(':')))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics server address \"", address,
         "\" is not host:port (a host name, IPv4 or [IPv6] address; a port in 0..65535)"));
   }
-  *host = address.substr(0, colon);
+  *host = address.substr(0, address.rfind(':'));  // IPv6 in brackets, as civetweb takes it
+  *port = parsed->port;
   return absl::OkStatus();
 }
 

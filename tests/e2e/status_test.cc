@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "pshard/config.h"
 #include "tests/e2e/e2e_util.h"
 #include "tools/cluster_status.h"
 
@@ -289,6 +290,15 @@ TEST(StatusE2E, NeedsServerAddresses) {
   EXPECT_TRUE(absl::StrContains(status.output, "--servers=host:port")) << status.output;
 }
 
+// A port past 65535 is refused, not wrapped around to another one (366499602
+// would be port 22290).
+TEST(StatusE2E, RefusesAPortOutOfRange) {
+  const CommandResult status =
+      RunCommand(absl::StrCat(PSHARD_BIN_DIR, "/pshard status --servers=127.0.0.1:366499602 2>&1"));
+  EXPECT_EQ(status.exit_code, 2) << status.output;
+  EXPECT_TRUE(absl::StrContains(status.output, "\"127.0.0.1:366499602\" is not host:port")) << status.output;
+}
+
 // A job with mutual TLS and tokens (pshard local --tls --auth_tokens): its
 // checkpoints are the bytes of the same job in plaintext, and pshard status
 // reads it only with the reader's credentials it printed.
@@ -303,7 +313,9 @@ TEST(StatusE2E, ATlsJobTrainsLikeAPlaintextOneAndStatusNeedsAReader) {
     flags.insert(flags.end(), extra.begin(), extra.end());
     auto launcher = StartLocal(run_dir, flags);
     EXPECT_TRUE(launcher.ok()) << launcher.status();
-    if (launcher.ok()) EXPECT_EQ(launcher->WaitUntil(absl::Now() + absl::Minutes(2)), 0) << ReadFile(run_dir + "/launcher.log");
+    if (launcher.ok()) {
+      EXPECT_EQ(launcher->WaitUntil(absl::Now() + absl::Minutes(2)), 0) << ReadFile(run_dir + "/launcher.log");
+    }
     return run_dir;
   };
   const std::string plain = train({});
@@ -311,6 +323,15 @@ TEST(StatusE2E, ATlsJobTrainsLikeAPlaintextOneAndStatusNeedsAReader) {
   EXPECT_NE(ReadFile(secured + "/server1.log").find("(TLS, client certificates required, tokens required)"),
             std::string::npos)
       << ReadFile(secured + "/server1.log");
+  // TLS covers gRPC only: where the data path runs over UCX, the console
+  // and each trainer say that it travels in plaintext.
+  const std::string plaintext = "over UCX, in plaintext";
+  EXPECT_EQ(absl::StrContains(ReadFile(secured + "/launcher.log"), plaintext), PSHARD_WITH_UCX == 1)
+      << ReadFile(secured + "/launcher.log");
+  EXPECT_EQ(absl::StrContains(ReadFile(secured + "/trainer0.log"), "travel over UCX in plaintext"),
+            PSHARD_WITH_UCX == 1)
+      << ReadFile(secured + "/trainer0.log");
+  EXPECT_FALSE(absl::StrContains(ReadFile(plain + "/launcher.log"), plaintext)) << ReadFile(plain + "/launcher.log");
   for (int s = 0; s < 2; ++s) {
     const std::string name = absl::StrFormat("shard-%d-of-2.step-%010d.ckpt", s, 4);
     const std::string want = ReadFile(absl::StrCat(plain, "/ckpt/", name));

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/host_port.h"
 #include "common/reduction_tree.h"
 
 namespace pshard {
@@ -113,13 +114,9 @@ void NoDelay(int fd) {
 }
 
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", address, "\" is not host:port"));
-  }
-  return std::make_pair(address.substr(0, colon), port);
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  if (!parsed.ok()) return parsed.status();
+  return std::make_pair(parsed->host, parsed->port);
 }
 
 absl::StatusOr<sockaddr_storage> Resolve(const std::string& host, int port, socklen_t* length) {
