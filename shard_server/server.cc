@@ -181,15 +181,17 @@ absl::StatusOr<std::string> CheckScheduleEnd(const Checkpoint& checkpoint, const
   OptimizerConfig before = now;
   before.total_steps = was;
   const int64_t step = checkpoint.header.step;
+  const double stretched = LearningRateAt(now, step), kept = LearningRateAt(before, step);
   const std::string change = absl::StrCat(
-      "the checkpoint's job ends its learning-rate schedule at step ", was, ", this server at step ",
-      now.total_steps, ": at step ", step, " the learning rate would be ", Lr(LearningRateAt(now, step)),
-      " instead of ", Lr(LearningRateAt(before, step)));
+      "the checkpoint (step ", step, ") was written by a job whose learning-rate schedule ends at step ", was,
+      ", this one's ends at step ", now.total_steps, ": stretched, the rate at step ", step, " is ", Lr(stretched),
+      stretched == kept ? "" : absl::StrCat(" instead of ", Lr(kept)), " and reaches --min_lr (", Lr(now.min_lr),
+      ") at step ", now.total_steps);
   if (!spec.allow_schedule_change) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", checkpoint.path, ": ", change, ". Keep --total_steps=", was,
-        " (pshard local: --schedule_steps=", was,
-        ") to go on at the schedule's final rate, or pass --allow_schedule_change to re-stretch the schedule"));
+        "checkpoint ", checkpoint.path, ": ", change, ". To train longer, either keep the schedule (pshard local: ",
+        "--schedule_steps=", was, "; pshard-server: --total_steps=", was, "): the steps after ", was,
+        " run at its final rate, --min_lr (", Lr(now.min_lr), "); or stretch it to the new end with --allow_schedule_change"));
   }
   return absl::StrCat("schedule re-stretched (--allow_schedule_change): ", change);
 }
@@ -286,6 +288,13 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
       // on from here has every shard at this step.
       impl.common_step = server->state_->current_step();
     }
+  }
+  if (!spec.init_from.empty()) {
+    server->start_notes_.push_back(
+        server->restored_from_.empty()
+            ? absl::StrCat("initial weights from ", spec.init_from, " (--init_from)")
+            : absl::StrCat("--init_from ", spec.init_from,
+                           " is where the job started; the checkpoint's weights are restored, not its"));
   }
   std::vector<std::string> transports = {"grpc"};
   if (PSHARD_WITH_UCX && spec.enable_ucx) transports.push_back("ucx");

@@ -18,7 +18,8 @@
 
 ABSL_FLAG(std::string, address, "127.0.0.1:0", "host:port to listen on (port 0: any free port)");
 ABSL_FLAG(std::string, port_file, "",
-          "once serving, write the gRPC port (line 1) and the metrics port (line 2, 0: none) to this file");
+          "once serving, write the gRPC port (line 1), the metrics port (line 2, 0: none) and the step it "
+          "serves from (line 3: the restored checkpoint's, 0 when it started fresh) to this file");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
           "host:port of the Prometheus /metrics endpoint (port 0: any free port; empty: off)");
 ABSL_FLAG(int, shard_index, 0, "this server's shard, 0..num_shards-1");
@@ -182,7 +183,9 @@ int main(int argc, char** argv) {
   }
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << running->port() << "\n" << running->metrics_port() << "\n";
+    std::ofstream(tmp) << running->port() << "\n"
+                       << running->metrics_port() << "\n"
+                       << running->state().current_step() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
   stop.WaitForNotification();

@@ -78,6 +78,36 @@ int MetricsPortFromFile(const std::string& path) {
   return metrics_port;
 }
 
+// The step a server serves from (line 3 of its port file): its restored
+// checkpoint's, 0 when it started fresh.
+int64_t StartStepFromFile(const std::string& path) {
+  std::ifstream in(path);
+  int grpc_port = 0, metrics_port = 0;
+  int64_t step = 0;
+  in >> grpc_port >> metrics_port >> step;
+  return step;
+}
+
+// Logs of an earlier run in the same folder are kept, once, as NAME.previous
+// (a process's log is appended to while this run restarts it, so without
+// this a reused --run_dir would mix two runs in one file).
+void KeepPreviousLogs(const std::string& run_dir, int num_servers, int num_trainers) {
+  std::vector<std::string> names;
+  for (int s = 0; s < num_servers; ++s) names.push_back(absl::StrCat(run_dir, "/server", s, ".log"));
+  for (int r = 0; r < num_trainers; ++r) names.push_back(absl::StrCat(run_dir, "/trainer", r, ".log"));
+  int kept = 0;
+  for (const std::string& name : names) {
+    std::error_code error;
+    if (!std::filesystem::exists(name, error)) continue;
+    std::filesystem::rename(name, name + ".previous", error);
+    if (!error) ++kept;
+  }
+  if (kept > 0) {
+    std::printf("pshard: %s holds an earlier run's logs: kept as *.log.previous\n", run_dir.c_str());
+    std::fflush(stdout);
+  }
+}
+
 std::string Quoted(const std::vector<std::string>& targets) {
   std::vector<std::string> q;
   for (const std::string& t : targets) q.push_back(absl::StrCat("'", t, "'"));
@@ -208,6 +238,7 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   if (error) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create run folder ", spec.run_dir, ": ", error.message()));
   }
+  KeepPreviousLogs(spec.run_dir, spec.num_servers, spec.num_trainers);
   CallOnTerminationSignal([](int signo) { g_signal = signo; });
   std::unique_ptr<KernelLinks> kernel;  // outlives every process below
   if (spec.link_mode == "kernel") {
@@ -283,6 +314,24 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   }
   std::printf("pshard: %d shard servers up (%s); starting %d trainers; logs in %s\n", spec.num_servers,
               absl::StrJoin(addresses, ", ").c_str(), spec.num_trainers, spec.run_dir.c_str());
+  const int64_t resumed = StartStepFromFile(absl::StrCat(spec.run_dir, "/server0.port"));
+  for (const std::string& flag : spec.server_flags) {
+    if (resumed == 0 && absl::StartsWith(flag, "--init_from=")) {
+      std::printf("pshard: initial weights from %s\n", flag.substr(flag.find('=') + 1).c_str());
+    }
+  }
+  if (resumed > 0) {
+    std::printf("pshard: resumed from the checkpoints of step %lld; training to step %lld\n",
+                static_cast<long long>(resumed), static_cast<long long>(spec.steps));
+    if (resumed >= spec.steps) {
+      std::printf(
+          "pshard: the job is already at step %lld: nothing to train. To train longer, pass a larger --steps and "
+          "either --schedule_steps=%lld (the steps after %lld run at the schedule's final rate, --min_lr) or "
+          "--allow_schedule_change (the cosine is stretched to the new end)\n",
+          static_cast<long long>(resumed), static_cast<long long>(spec.schedule_steps),
+          static_cast<long long>(spec.schedule_steps));
+    }
+  }
   std::fflush(stdout);
   auto write_prometheus_config = [&] {
     std::ofstream(spec.run_dir + "/prometheus.yml") << LocalPrometheusConfig(server_metrics, trainer_metrics);

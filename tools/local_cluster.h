@@ -58,6 +58,10 @@ struct LocalClusterSpec {
   /// and the trainers, rejoining, roll the job back to it. Exact only with
   /// checkpoints (--checkpoint_dir); without, its trainers give up.
   int server_restarts = 3;
+  /// The step the trainers train to (--steps) and the end of the
+  /// learning-rate schedule: the console's note on a resumed job says them.
+  int64_t steps = 0;
+  int64_t schedule_steps = 0;
 };
 
 /// A topology file with every server and every trainer on its own node

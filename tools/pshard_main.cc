@@ -283,6 +283,8 @@ int RunLocal() {
   }
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t schedule_steps = absl::GetFlag(FLAGS_schedule_steps) > 0 ? absl::GetFlag(FLAGS_schedule_steps) : steps;
+  spec.steps = steps;
+  spec.schedule_steps = schedule_steps;
   spec.server_flags = {
       absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
       absl::StrCat("--d_model=", absl::GetFlag(FLAGS_d_model)),

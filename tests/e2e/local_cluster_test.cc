@@ -13,12 +13,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_util.h"
 
 namespace pshard {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(LocalClusterE2E, TrainsAndShutsDownCleanly) {
   const std::string run_dir = MakeRunDir();
@@ -374,6 +378,39 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
   EXPECT_EQ(Losses(out).size(), 3u) << out;
   EXPECT_NE(ReadFile(resumed_dir + "/server1.log").find(absl::StrCat("resumed at step ", common.back())),
             std::string::npos);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("pshard: resumed from the checkpoints of step ", common.back(),
+                                          "; training to step ", common.back() + 3)));
+}
+
+// Run again in the same folder, a finished job says on the console where it
+// resumed, that there is nothing left to train and how to train longer; the
+// first run's logs are kept apart from the second's.
+TEST(LocalClusterE2E, RunAgainAFinishedJobSaysHowToTrainLonger) {
+  const std::string run_dir = MakeRunDir();
+  const std::vector<std::string> job = {"--servers=2", "--trainers=1", "--layers=1", "--d_model=32", "--heads=2",
+                                        "--context=16", "--seq_len=16", "--log_every=1", "--steps=3",
+                                        absl::StrCat("--checkpoint_dir=", run_dir, "/ckpt")};
+  std::string before;
+  for (int run = 0; run < 2; ++run) {
+    auto launcher = StartLocal(run_dir, job);
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    const std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(2));
+    ASSERT_TRUE(code.has_value()) << ReadFile(run_dir + "/launcher.log");
+    ASSERT_EQ(*code, 0) << ReadFile(run_dir + "/launcher.log");
+    if (run == 0) before = ReadFile(run_dir + "/launcher.log");
+  }
+  const std::string second = ReadFile(run_dir + "/launcher.log").substr(before.size());
+  EXPECT_THAT(before, Not(HasSubstr("resumed from")));
+  EXPECT_THAT(second, HasSubstr("pshard: resumed from the checkpoints of step 3; training to step 3"));
+  EXPECT_THAT(second, HasSubstr("the job is already at step 3: nothing to train"));
+  EXPECT_THAT(second, HasSubstr("--schedule_steps=3"));
+  EXPECT_THAT(second, HasSubstr("--allow_schedule_change"));
+  EXPECT_THAT(second, HasSubstr("kept as *.log.previous"));
+  const std::string log = ReadFile(run_dir + "/server0.log"), previous = ReadFile(run_dir + "/server0.log.previous");
+  EXPECT_THAT(log, HasSubstr("resumed at step 3"));
+  EXPECT_THAT(previous, HasSubstr("serving on"));
+  EXPECT_THAT(previous, Not(HasSubstr("resumed at step")));
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(log, "serving on")).size(), 2u) << log;  // one run's lines
 }
 
 // A trainer SIGKILLed at a random step is started again by pshard local; it

@@ -87,6 +87,7 @@ TEST(ReadmeE2E, QuickStartTrainsEvaluatesSamplesExportsAndReshards) {
   const CommandResult tuned = run("tools/demo.sh --init_from=runs/quickstart/model.safetensors",
                                   " --steps=2 --log_every=1 --metrics_port_base=0");
   ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  EXPECT_THAT(tuned.output, HasSubstr("pshard: initial weights from ")) << tuned.output;
   const std::vector<double> tuned_losses = Losses(tuned.output);
   ASSERT_EQ(tuned_losses.size(), 2u) << tuned.output;
   EXPECT_LT(tuned_losses[0], 3.5) << tuned.output;

@@ -391,9 +391,11 @@ TEST(CheckpointResume, MovingTheScheduleEndIsRefusedUnlessAskedFor) {
   auto refused = LocalCluster::Start(longer, WithCheckpoints(dir, 1));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("ends its learning-rate schedule at step ",
-                                                                 kTotalSteps, ", this server at step ",
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("whose learning-rate schedule ends at step ",
+                                                                 kTotalSteps, ", this one's ends at step ",
                                                                  3 * kTotalSteps)));
+  // It says how to train longer, both ways.
+  EXPECT_THAT(refused.status().message(), HasSubstr(absl::StrCat("--schedule_steps=", kTotalSteps)));
   EXPECT_THAT(refused.status().message(), HasSubstr("--allow_schedule_change"));
   EXPECT_EQ(FolderContents(dir), before);
 
@@ -405,7 +407,7 @@ TEST(CheckpointResume, MovingTheScheduleEndIsRefusedUnlessAskedFor) {
   ASSERT_EQ((*restretched)->server(1).start_notes().size(), 1u);
   EXPECT_THAT((*restretched)->server(1).start_notes()[0], HasSubstr("schedule re-stretched"));
   EXPECT_THAT((*restretched)->server(1).start_notes()[0],
-              HasSubstr(absl::StrFormat("the learning rate would be %.3g instead of %.3g",
+              HasSubstr(absl::StrFormat("the rate at step 3 is %.3g instead of %.3g",
                                         LearningRateAt(longer.optimizer, 3), LearningRateAt(job.optimizer, 3))));
 }
 

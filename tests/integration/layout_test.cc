@@ -164,6 +164,9 @@ TEST_F(InitFromTest, TheServersStartFromTheFilesValuesOverAnyN) {
     options.init_from = path;
     auto cluster = LocalCluster::Start(job, options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
+    // It says so in its log.
+    EXPECT_THAT((*cluster)->server(0).start_notes(),
+                ::testing::Contains(absl::StrCat("initial weights from ", path, " (--init_from)")));
     absl::StatusOr<std::vector<std::vector<float>>> got = (*cluster)->ReadMasterWeights(0);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t u = 0; u < spec.units.size(); ++u) {
