@@ -76,6 +76,9 @@ def _units_of(module, auto_wrap_policy):
     """The units the policy chooses: one per selected submodule (in the
     order of ``named_modules``), each holding the parameters of the
     innermost selected module that contains them."""
+    if not callable(auto_wrap_policy):
+        raise ValueError(f"auto_wrap_policy={auto_wrap_policy!r}: give a callable module -> bool that chooses the "
+                         "units, e.g. lambda m: isinstance(m, Block) (the root module too, if it holds parameters)")
     selected = [(name, m) for name, m in module.named_modules() if auto_wrap_policy(m)]
     if not selected:
         raise ValueError("the auto_wrap_policy selects no module: every parameter would be outside every unit")
@@ -186,10 +189,15 @@ class LocalServers:
     of ``layout`` and ``init_from`` to ``num_trainers`` trainers; a context
     manager (they stop at its end). ``optimizer`` holds pshard-server flags
     (lr, min_lr, warmup_steps, total_steps, weight_decay, grad_clip, beta1,
-    beta2, eps, micro_batches, accumulate_on_trainer, ...)."""
+    beta2, eps, micro_batches, accumulate_on_trainer, ...). AdamW's betas and
+    eps default to torch.optim.AdamW's, (0.9, 0.999) and 1e-8, where
+    pshard-server's own default beta2 is 0.95 (GPT training's)."""
+
+    torch_adamw_defaults = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
 
     def __init__(self, num_shards, num_trainers, layout, init_from=None, run_dir=None, start_timeout=60.0,
                  **flags):
+        flags = {**LocalServers.torch_adamw_defaults, **flags}
         self.num_shards = num_shards
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="pshard-servers-")
         self.processes = []
@@ -275,6 +283,32 @@ class _Saved:
         self.unit, self.offset, self.size, self.stride = unit, offset, size, stride
 
 
+def _server_list(servers):
+    """``servers`` as a list of "host:port" strings: a bare string is refused
+    (iterated, it would be one address per character)."""
+    if isinstance(servers, (str, bytes)):
+        raise ValueError(f"servers={servers!r} is a string: give a list of every server's host:port, e.g. "
+                         f"{str(servers).split(',')!r}")
+    servers = list(servers)
+    for s in servers:
+        host, colon, port = s.rpartition(":") if isinstance(s, str) else ("", "", "")
+        if not host or not colon or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"servers: {s!r} is not host:port (a port in 1..65535)")
+    if not servers:
+        raise ValueError("servers is empty: give every server's host:port")
+    return servers
+
+
+def _stateful_buffers(module):
+    """The buffers training would change: normalisation layers' running
+    statistics (BatchNorm, InstanceNorm with track_running_stats)."""
+    found = []
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            found += [f"{name}.{b}" if name else b for b, t in m.named_buffers(recurse=False) if t is not None]
+    return found
+
+
 def _storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
@@ -315,6 +349,20 @@ class ShardedModule(nn.Module):
     Raises ValueError when the servers run another job or the levers do not
     fit together.
 
+    Buffers: pshard shards parameters only. Buffers that training changes
+    (the running statistics of BatchNorm, or of InstanceNorm with
+    ``track_running_stats``) are refused: they would stay on each trainer,
+    never averaged, checkpointed or exported. Use ``track_running_stats=False``,
+    GroupNorm or LayerNorm. Other buffers are constants (masks, position
+    tables): each trainer keeps its own copy, and ``step()`` raises if one
+    changed.
+
+    The optimizer is the servers' AdamW: a torch optimizer over this
+    module's parameters would see no gradients and change nothing. The
+    encodings default to fp32 both ways (exact, as FSDP without mixed
+    precision); ``pshard local`` and ``pshard-trainer`` default to bf16
+    weights.
+
     A training step: forward, ``loss.backward()`` (once per micro-batch the
     job reduces), then ``step()``.
     """
@@ -324,6 +372,12 @@ class ShardedModule(nn.Module):
                  error_feedback=True, transport="auto", metrics_address="", join_timeout=30.0, rpc_timeout=120.0,
                  fabric_group=1, group_host="127.0.0.1"):
         super().__init__()
+        servers = _server_list(servers)
+        stateful = _stateful_buffers(module)
+        if stateful:
+            raise ValueError(f"buffers {', '.join(stateful)} change in training (running statistics): pshard shards "
+                             "parameters only, so each trainer's would drift apart and none would be checkpointed "
+                             "or exported; use track_running_stats=False, GroupNorm or LayerNorm")
         if prefetch < 0:
             raise ValueError(f"prefetch depth {prefetch} must be >= 0")
         if stage not in (1, 2, 3):
@@ -339,12 +393,14 @@ class ShardedModule(nn.Module):
             if stage < 3:
                 raise ValueError("a secondary shard is a stage-3 lever: at stage 2 every unit stays for the step")
         self.module = module
+        # Constant buffers, as given: step() checks that none changed.
+        self._buffers_at_start = {name: b.detach().clone() for name, b in module.named_buffers()}
         self._units = _units_of(module, auto_wrap_policy)
         ours = _pshard.canonical_layout(json.dumps(_layout_document(module, self._units, weight_decay)))
-        theirs = _pshard.server_layout(list(servers), join_timeout)
+        theirs = _pshard.server_layout(servers, join_timeout)
         if ours != theirs:
             raise ValueError("the servers run another job: " + _difference(json.loads(ours), json.loads(theirs)))
-        self._session = _pshard.Session(list(servers), rank, weight_encoding, grad_encoding, quant_block,
+        self._session = _pshard.Session(servers, rank, weight_encoding, grad_encoding, quant_block,
                                         error_feedback, transport, metrics_address, join_timeout, rpc_timeout)
         if self._session.layout_json() != ours:
             raise ValueError("the servers' job changed while this trainer joined")
@@ -556,6 +612,12 @@ class ShardedModule(nn.Module):
         pushes, self._pushes = self._pushes, []
         for push in pushes:
             push.wait()
+        for name, b in self.module.named_buffers():
+            start = self._buffers_at_start.get(name)
+            if start is None or start.shape != b.shape or not torch.equal(start, b.detach()):
+                raise RuntimeError(f"buffer {name} changed during step {self.version}: pshard keeps buffers as "
+                                   "the constants they were when wrapped (each trainer its own copy, not "
+                                   "synchronised, checkpointed or exported)")
         report = self._session.record_step(self.version, float(loss), int(tokens))
         self.version += 1
         self._backwards = 0

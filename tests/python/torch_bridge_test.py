@@ -232,6 +232,52 @@ class BadUseTest(unittest.TestCase):
                 model.step()
 
 
+    def test_a_server_list_given_as_one_string(self):
+        model = fresh_model()
+        with self.assertRaisesRegex(ValueError, r"servers='127.0.0.1:1,127.0.0.1:2' is a string: give a list .*"
+                                                r"\['127.0.0.1:1', '127.0.0.1:2'\]"):
+            pt.ShardedModule(model, "127.0.0.1:1,127.0.0.1:2", 0, policy)
+        for bad in (["127.0.0.1"], ["127.0.0.1:99999"], [1234], []):
+            with self.assertRaises(ValueError):
+                pt.ShardedModule(model, bad, 0, policy)
+
+    def test_a_missing_policy(self):
+        for policy_given in (None, "Block"):
+            with self.assertRaisesRegex(ValueError, "auto_wrap_policy=.*: give a callable module -> bool"):
+                pt.ShardedModule(fresh_model(), ["127.0.0.1:1"], 0, policy_given)
+            with self.assertRaisesRegex(ValueError, "give a callable"):
+                pt.write_job(fresh_model(), tempfile.mkdtemp(), policy_given)
+
+    def test_running_statistics_are_refused_and_constant_buffers_must_stay(self):
+        with_norm = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        with self.assertRaisesRegex(ValueError, "buffers 1.running_mean, 1.running_var, 1.num_batches_tracked "
+                                                "change in training"):
+            pt.ShardedModule(with_norm, ["127.0.0.1:1"], 0, lambda m: m is with_norm)
+        # A constant buffer is kept as given; one changed in a step is named.
+        model = fresh_model()
+        model.register_buffer("scale", torch.ones(3))
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(model, directory, policy)
+        with servers(1, 1, layout, init) as job:
+            sharded = pt.ShardedModule(model, job.addresses, 0, policy)
+            loss_of(sharded, *batch(0, 0)).backward()
+            sharded.step()
+            loss_of(sharded, *batch(1, 0)).backward()
+            model.scale.add_(1.0)
+            with self.assertRaisesRegex(RuntimeError, "buffer scale changed during step 1"):
+                sharded.step()
+
+    def test_local_servers_use_torch_adamw_betas_unless_told(self):
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(fresh_model(), directory, policy)
+        with pt.LocalServers(1, 1, layout, init) as default, pt.LocalServers(1, 1, layout, init, beta2=0.95) as told:
+            argv = lambda s: " ".join(s.processes[0].args)
+            self.assertIn("--beta2=0.999", argv(default))
+            self.assertIn("--beta1=0.9", argv(default))
+            self.assertIn("--eps=1e-08", argv(default))
+            self.assertIn("--beta2=0.95", argv(told))
+            self.assertNotIn("--beta2=0.999", argv(told))
+
     def test_levers_that_do_not_fit_together(self):
         model = fresh_model()
         for levers, message in [({"fabric_group": 0}, "fabric_group=0"),
