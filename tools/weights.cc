@@ -7,11 +7,14 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "common/bf16.h"
+#include "common/initial_weights.h"
 #include "common/layout_file.h"
 #include "common/status_macros.h"
 #include "shard_server/checkpoint_set.h"
 #include "tools/cluster_status.h"
+#include "trainer_client/model/gpt_spec.h"
 #include "trainer_client/shard_client.h"
 
 namespace pshard {
@@ -84,11 +87,65 @@ absl::Status WriteWeightsFile(const JobWeights& weights, SafetensorsDtype dtype,
       views.push_back({t.name, dtype, t.shape, bytes});
     }
   }
-  const std::map<std::string, std::string> metadata = {
+  std::map<std::string, std::string> metadata = {
       {"step", absl::StrCat(weights.step)},
       {"layout_fingerprint", FingerprintHex(LayoutFingerprint(weights.layout))},
-      {"model", weights.layout.model}};
+      {"model", weights.layout.model},
+      {"layout", FormatLayoutJson(weights.layout, /*one_line=*/true)}};
+  if (absl::StatusOr<GptConfig> gpt = GptConfigFromSpec(weights.layout); gpt.ok()) {
+    metadata["architecture"] = kGptArchitecture;
+    metadata["gpt.layers"] = absl::StrCat(gpt->num_layers);
+    metadata["gpt.d_model"] = absl::StrCat(gpt->d_model);
+    metadata["gpt.heads"] = absl::StrCat(gpt->num_heads);
+    metadata["gpt.context"] = absl::StrCat(gpt->context);
+    metadata["gpt.vocab"] = absl::StrCat(gpt->vocab);
+    metadata["gpt.layer_norm_eps"] = "1e-05";
+  }
   return WriteSafetensors(path, views, metadata);
+}
+
+absl::StatusOr<JobWeights> WeightsFromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(const SafetensorsIndex index, ReadSafetensorsIndex(path));
+  auto meta = [&](const std::string& key) -> const std::string* {
+    auto it = index.metadata.find(key);
+    return it == index.metadata.end() ? nullptr : &it->second;
+  };
+  JobWeights weights;
+  if (const std::string* layout = meta("layout")) {
+    absl::StatusOr<ModelSpec> spec = ParseLayoutJson(*layout);
+    if (!spec.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": its \"layout\" metadata: ", spec.status().message()));
+    }
+    weights.layout = *std::move(spec);
+  } else if (const std::string* model = meta("model")) {
+    // An export of before the layout was written into the file: a GPT's
+    // words are enough to make its layout again.
+    absl::StatusOr<GptConfig> gpt = ParseGptModelName(*model);
+    if (!gpt.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " has no \"layout\" metadata, and its model \"", *model,
+                                                     "\" is not a GPT's: pshard cannot tell its layout"));
+    }
+    ASSIGN_OR_RETURN(weights.layout, MakeGptSpec(*gpt));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " does not say its layout (no \"layout\" or \"model\" metadata): pshard reads the files "
+              "`pshard export` writes; a file of given weights starts a job with --layout and --init_from"));
+  }
+  if (const std::string* fingerprint = meta("layout_fingerprint");
+      fingerprint != nullptr && *fingerprint != FingerprintHex(LayoutFingerprint(weights.layout))) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": its layout's fingerprint is ",
+                                                   FingerprintHex(LayoutFingerprint(weights.layout)),
+                                                   ", the file says ", *fingerprint, ": the metadata was changed"));
+  }
+  if (const std::string* step = meta("step"); step == nullptr || !absl::SimpleAtoi(*step, &weights.step)) {
+    weights.step = 0;
+  }
+  ASSIGN_OR_RETURN(const InitialWeights file, InitialWeights::Load(path, weights.layout));
+  for (const UnitSpec& unit : weights.layout.units) {
+    std::vector<float>& values = weights.units.emplace_back(unit.numel);
+    RETURN_IF_ERROR(file.ReadUnitRange(unit, 0, values));
+  }
+  return weights;
 }
 
 absl::Status ReshardCheckpoints(const std::string& from, int from_shards, int64_t step, const std::string& to,

@@ -39,10 +39,21 @@ absl::StatusOr<JobWeights> WeightsFromServers(const std::string& address,
                                               std::shared_ptr<const ClientSecurity> security,
                                               absl::Duration timeout);
 
+/// From a file WriteWeightsFile wrote: its layout (metadata "layout", or,
+/// for a file without it, the GPT its "model" words name), checked against
+/// its "layout_fingerprint", and its tensors (F32, or BF16 widened).
+/// InvalidArgument when the file does not say its layout or does not match
+/// it; NotFound when it cannot be read.
+absl::StatusOr<JobWeights> WeightsFromFile(const std::string& path);
+
 /// Writes the weights as one safetensors file: a tensor per tensor of the
 /// layout, in its order, named as the layout names them, in `dtype` (bf16:
 /// rounded to nearest even); metadata "step", "layout_fingerprint" (0x and
-/// 16 hex digits) and "model" (the layout's words). Whole or not at all.
+/// 16 hex digits), "model" (the layout's words) and "layout" (the layout
+/// document, on one line); for a GPT's layout also "architecture" (the
+/// computation, in words: docs/gpt.md) and its sizes "gpt.layers",
+/// "gpt.d_model", "gpt.heads", "gpt.context", "gpt.vocab",
+/// "gpt.layer_norm_eps". Whole or not at all.
 absl::Status WriteWeightsFile(const JobWeights& weights, SafetensorsDtype dtype, const std::string& path);
 
 /// Writes the checkpoint of `step` (-1: the newest complete one) of

@@ -9,7 +9,9 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/host_port.h"
 #include "common/layout_file.h"
 #include "common/security/flags.h"
 #include "common/status_macros.h"
@@ -25,7 +27,8 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
 
 ABSL_FLAG(std::string, from, "",
-          "export, sample: a checkpoint folder, or the gRPC address (host:port) of a running job's shard server; "
+          "export, sample: a checkpoint folder, a .safetensors file pshard export wrote, or the gRPC address "
+          "(host:port) of a running job's shard server; "
           "reshard: the checkpoint folder to read");
 ABSL_FLAG(std::string, to, "",
           "layout: the layout file to write (empty: standard output); export: the .safetensors file to write; "
@@ -38,6 +41,9 @@ ABSL_FLAG(std::string, prompt, "\n", "sample: the text to continue (bytes are to
 ABSL_FLAG(int, tokens, 200, "sample: tokens to generate");
 ABSL_FLAG(double, temperature, 0.8, "sample: > 0 draws from the model's distribution sharpened (< 1) or flattened (> 1); 0: the most likely token");
 ABSL_FLAG(int, top_k, 0, "sample: draw among the k most likely tokens (0: all)");
+ABSL_FLAG(std::string, logprobs, "",
+          "sample: also write each generated token's log-probability under the model (before --temperature and "
+          "--top_k) to this file, one line per token: position, token, log-probability (tab-separated)");
 
 namespace pshard {
 namespace {
@@ -52,15 +58,22 @@ int Usage(const char* command, const std::string& what) {
   return 2;
 }
 
-// The weights --from names: a checkpoint folder, or a server of a job.
+// The weights --from names: a checkpoint folder, an exported file, or a
+// server of a job.
 absl::StatusOr<JobWeights> WeightsFrom(const std::string& from) {
   std::error_code ec;
   if (std::filesystem::is_directory(from, ec)) {
     return WeightsFromCheckpoints(from, absl::GetFlag(FLAGS_from_shards), absl::GetFlag(FLAGS_step));
   }
-  if (from.find(':') == std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--from=", from, " is neither a checkpoint folder nor a server's host:port"));
+  if (std::filesystem::is_regular_file(from, ec)) {
+    if (absl::GetFlag(FLAGS_step) >= 0 || absl::GetFlag(FLAGS_from_shards) > 0) {
+      return absl::InvalidArgumentError("--step and --from_shards choose among checkpoints; a file holds one step");
+    }
+    return WeightsFromFile(from);
+  }
+  if (!ParseHostPort(from).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--from=", from, " is neither a checkpoint folder, a file `pshard export` wrote, nor a server's host:port"));
   }
   if (absl::GetFlag(FLAGS_step) >= 0 || absl::GetFlag(FLAGS_from_shards) > 0) {
     return absl::InvalidArgumentError(
@@ -135,7 +148,7 @@ int RunReshardCommand() {
 
 int RunSampleCommand() {
   const std::string from = absl::GetFlag(FLAGS_from);
-  if (from.empty()) return Usage("sample", "give --from=CHECKPOINT_DIR or --from=HOST:PORT");
+  if (from.empty()) return Usage("sample", "give --from=CHECKPOINT_DIR, --from=FILE.safetensors or --from=HOST:PORT");
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   if (prompt.empty()) return Usage("sample", "--prompt must hold at least one byte");
   absl::StatusOr<JobWeights> weights = WeightsFrom(from);
@@ -147,8 +160,17 @@ int RunSampleCommand() {
   options.temperature = absl::GetFlag(FLAGS_temperature);
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<std::vector<int32_t>> text = SampleGpt(weights->layout, weights->units, tokens, options);
+  std::vector<double> logprobs;
+  absl::StatusOr<std::vector<int32_t>> text = SampleGpt(weights->layout, weights->units, tokens, options, &logprobs);
   if (!text.ok()) return Fail("sample", text.status());
+  if (const std::string path = absl::GetFlag(FLAGS_logprobs); !path.empty()) {
+    std::ofstream out(path);
+    for (size_t i = 0; i < logprobs.size(); ++i) {
+      out << absl::StrFormat("%d\t%d\t%.9g\n", tokens.size() + i, (*text)[tokens.size() + i], logprobs[i]);
+    }
+    out.close();
+    if (!out) return Fail("sample", absl::InternalError(absl::StrCat("cannot write ", path)));
+  }
   std::string out;
   for (int32_t t : *text) {
     if (t > 255) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/e2e_util.h"
@@ -78,11 +79,21 @@ TEST(WeightsCliE2E, BadFlagsExitTwoAndSayWhy) {
       {absl::StrCat("export --from=", dir, " --to=x.safetensors --dtype=fp16"), "--dtype is fp32 or bf16"},
       {"export --from=127.0.0.1:1 --step=3 --to=x.safetensors", "--step and --from_shards choose among checkpoints"},
       {absl::StrCat("reshard --from=", dir, " --to=", dir, "/new"), "--num_shards=N (>= 1)"},
-      {"sample --from=", "give --from=CHECKPOINT_DIR or --from=HOST:PORT"},
+      {"sample --from=", "give --from=CHECKPOINT_DIR, --from=FILE.safetensors or --from=HOST:PORT"},
+      {"sample --from=127.0.0.1:99999", "neither a checkpoint folder, a file `pshard export` wrote"},
+      {"sample --from=foreign.safetensors", "does not say its layout"},
+      {"sample --from=foreign.safetensors --step=3", "a file holds one step"},
       {absl::StrCat("sample --from=", dir, " --prompt="), "--prompt must hold at least one byte"},
       {"layout --heads=3", "width 128 is not divisible by heads 3"},
       {"export extra --from=a --to=b", "unexpected argument 'extra'"},
   };
+  // A safetensors file that is not an export: no metadata to tell its layout.
+  {
+    const std::vector<float> one = {1.0f};
+    const SafetensorsTensorView view{"w", SafetensorsDtype::kF32, {1},
+                                     {reinterpret_cast<const uint8_t*>(one.data()), sizeof(float)}};
+    ASSERT_TRUE(WriteSafetensors(dir + "/foreign.safetensors", {&view, 1}, {}).ok());
+  }
   for (const Case& c : cases) {
     const CommandResult result = RunCommand(absl::StrCat("cd ", dir, " && ", pshard, " ", c.args, " 2>&1"));
     EXPECT_EQ(result.exit_code, 2) << c.args << ": " << result.output;

@@ -75,9 +75,6 @@ absl::StatusOr<ModelSpec> MakeGptSpec(const GptConfig& config) {
   return std::move(b).Build();
 }
 
-namespace {
-
-// Parses "gpt layers=.. d_model=.. heads=.. context=.. vocab=..".
 absl::StatusOr<GptConfig> ParseGptModelName(const std::string& model) {
   auto not_gpt = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat("the layout's model is \"", model,
@@ -104,8 +101,6 @@ absl::StatusOr<GptConfig> ParseGptModelName(const std::string& model) {
   RETURN_IF_ERROR(config.Validate());
   return config;
 }
-
-}  // namespace
 
 absl::StatusOr<GptConfig> GptConfigFromSpec(const ModelSpec& spec) {
   ASSIGN_OR_RETURN(const GptConfig config, ParseGptModelName(spec.model));

@@ -34,6 +34,20 @@ struct GptConfig {
 /// "gpt layers=4 d_model=128 heads=4 context=64 vocab=256".
 std::string GptModelName(const GptConfig& config);
 
+/// The sizes a GPT's model words (GptModelName's) give; InvalidArgument
+/// when the words are not a GPT's.
+absl::StatusOr<GptConfig> ParseGptModelName(const std::string& model);
+
+/// What the GPT computes, in words (docs/gpt.md says it at length): the
+/// "architecture" of its exported weights, for readers outside pshard.
+inline constexpr char kGptArchitecture[] =
+    "pshard GPT: decoder-only transformer with pre-norm blocks; embed: x = wte[token] + wpe[position] (learned "
+    "positions); block: x = x + attn.proj(attention(attn.qkv(ln1(x)))), x = x + mlp.proj(gelu(mlp.fc(ln2(x)))); "
+    "head: logits = lm_head(lnf(x)), untied from wte, no bias. LayerNorm eps 1e-5 (biased variance); gelu is the "
+    "tanh approximation; mlp.fc is 4 * d_model wide. attn.qkv packs q, k, v as rows [q; k; v] of d_model each, "
+    "head h taking rows h * d_model / heads .. (h + 1) * d_model / heads of each; causal softmax attention "
+    "scaled by 1 / sqrt(d_model / heads). Linear weights are [out, in]: y = x W^T + b.";
+
 /// Builds the layout of a GPT with the given sizes.
 absl::StatusOr<ModelSpec> MakeGptSpec(const GptConfig& config);
 

@@ -40,7 +40,8 @@ int32_t Draw(std::span<const float> probs, const SampleOptions& options, double 
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> SampleGpt(const ModelSpec& spec, const std::vector<std::vector<float>>& units,
-                                               std::vector<int32_t> prompt, const SampleOptions& options) {
+                                               std::vector<int32_t> prompt, const SampleOptions& options,
+                                               std::vector<double>* logprobs) {
   ASSIGN_OR_RETURN(const GptConfig config, GptConfigFromSpec(spec));
   if (options.tokens < 0 || !(options.temperature >= 0.0) || !std::isfinite(options.temperature) ||
       options.top_k < 0) {
@@ -78,7 +79,9 @@ absl::StatusOr<std::vector<int32_t>> SampleGpt(const ModelSpec& spec, const std:
     RETURN_IF_ERROR(model.SetBatch(tokens, targets));
     for (int u = 0; u < model.num_units(); ++u) model.ForwardUnit(u, units[u]);
     const double draw = UniformAt(options.seed, 0, prompt.size() - prompt_length);
-    prompt.push_back(Draw(model.Probabilities(0, static_cast<int>(length) - 1), options, draw));
+    const std::span<const float> probs = model.Probabilities(0, static_cast<int>(length) - 1);
+    prompt.push_back(Draw(probs, options, draw));
+    if (logprobs != nullptr) logprobs->push_back(std::log(static_cast<double>(probs[prompt.back()])));
   }
   return prompt;
 }

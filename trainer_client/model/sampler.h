@@ -24,9 +24,12 @@ struct SampleOptions {
 /// vector per unit). The context is the last `context` tokens. The same
 /// inputs give the same tokens. InvalidArgument for a layout that is not a
 /// GPT's, weights of the wrong size, bad options or a prompt token outside
-/// the vocabulary.
+/// the vocabulary. `logprobs` (when given) receives, for each drawn token,
+/// its natural log-probability under the model (before the temperature and
+/// top-k): what a reader of the weights elsewhere can check its model by.
 absl::StatusOr<std::vector<int32_t>> SampleGpt(const ModelSpec& spec, const std::vector<std::vector<float>>& units,
-                                               std::vector<int32_t> prompt, const SampleOptions& options);
+                                               std::vector<int32_t> prompt, const SampleOptions& options,
+                                               std::vector<double>* logprobs = nullptr);
 
 }  // namespace pshard
 
