@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/link_rate.h"
@@ -68,20 +71,64 @@ ServerMemory ServerMemoryOf(const PlanInput& input, std::span<const UnitPartitio
   return m;
 }
 
-Knee KneeOf(const PlanInput& input, const StepBytes& bytes, int64_t padded_parameters) {
+// The x in [lo, hi] (log scale) where `bound(x)` turns from true to false,
+// `bound` being true at lo and false at hi.
+double Crossing(double lo, double hi, const std::function<bool(double)>& bound) {
+  for (int i = 0; i < 60 && hi / lo > 1.0005; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (bound(mid) ? lo : hi) = mid;
+  }
+  return std::sqrt(lo * hi);
+}
+
+Knee KneeOf(const PlanInput& input, std::span<const UnitPartition> units, const StepBytes& bytes,
+            int64_t padded_parameters) {
   Knee knee;
   knee.bytes_per_parameter =
       static_cast<double>(std::max(bytes.fetched, bytes.pushed)) / static_cast<double>(padded_parameters);
   const double flops = input.device_flops * input.mfu;
   if (input.slow.bytes_per_second > 0) {
-    knee.tokens_per_step = flops / input.slow.bytes_per_second * knee.bytes_per_parameter / 6.0;
+    knee.bandwidth_tokens_per_step = flops / input.slow.bytes_per_second * knee.bytes_per_parameter / 6.0;
   }
-  knee.rate_bytes_per_second = flops * knee.bytes_per_parameter / (6.0 * static_cast<double>(input.tokens_per_step()));
+  const bool limited = input.slow.bytes_per_second > 0 || input.slow.latency > absl::ZeroDuration();
+  if (!limited) return knee;
+  // More tokens per step at the same bytes is more compute per step: the
+  // same as a device slower by that factor.
+  auto bound_with_compute_times = [&](double factor) {
+    PlanInput v = input;
+    v.device_flops = input.device_flops / factor;
+    return PredictStepTime(v, units).comm_bound();
+  };
+  constexpr double kFar = 1e9;
+  const double tokens = static_cast<double>(input.tokens_per_step());
+  if (bound_with_compute_times(1.0)) {
+    knee.tokens_per_step = tokens * Crossing(1.0, kFar, bound_with_compute_times);
+  } else {
+    knee.tokens_per_step = tokens * (bound_with_compute_times(1.0 / kFar)
+                                         ? Crossing(1.0 / kFar, 1.0, bound_with_compute_times)
+                                         : 1.0 / kFar);
+  }
+  auto bound_at_rate = [&](double bytes_per_second) {
+    PlanInput v = input;
+    v.slow.bytes_per_second = bytes_per_second;
+    return PredictStepTime(v, units).comm_bound();
+  };
+  constexpr double kSlowest = 1e3, kFastest = 1e14;  // bytes/s: 8 kbit/s .. 800 Tbit/s
+  if (bound_at_rate(kFastest)) {
+    knee.rate_bytes_per_second = std::numeric_limits<double>::infinity();
+  } else if (!bound_at_rate(kSlowest)) {
+    knee.rate_bytes_per_second = 0;
+  } else {
+    knee.rate_bytes_per_second = Crossing(kSlowest, kFastest, bound_at_rate);
+  }
   return knee;
 }
 
 // The levers that apply to `input` and are not on yet, one at a time, and
-// the byte levers all together.
+// the byte levers all together: deeper prefetch (more fetches in flight
+// hide more latency), the encodings, keeping units from forward, fabric
+// groups, and accumulation (more micro-batches per step, each unit fetched
+// once and its gradient pushed once: more tokens per byte, a larger batch).
 std::vector<std::pair<std::string, PlanInput>> LeverVariants(const PlanInput& input) {
   std::vector<std::pair<std::string, PlanInput>> variants;
   auto add = [&](std::string flags, auto change) {
@@ -89,7 +136,12 @@ std::vector<std::pair<std::string, PlanInput>> LeverVariants(const PlanInput& in
     change(v);
     if (v.Validate().ok()) variants.emplace_back(std::move(flags), std::move(v));
   };
-  add(absl::StrCat("--prefetch=", input.prefetch + 1), [](PlanInput& v) { ++v.prefetch; });
+  const int units = static_cast<int>(input.spec.units.size());
+  std::set<int> depths = {input.prefetch + 1, 3, 5, 8, units};
+  for (int depth : depths) {
+    if (depth <= input.prefetch || depth > units) continue;
+    add(absl::StrCat("--prefetch=", depth), [depth](PlanInput& v) { v.prefetch = depth; });
+  }
   if (input.encodings.weights != WireEncoding::kInt8) {
     add("--weight_encoding=int8", [](PlanInput& v) { v.encodings.weights = WireEncoding::kInt8; });
   }
@@ -117,6 +169,25 @@ std::vector<std::pair<std::string, PlanInput>> LeverVariants(const PlanInput& in
   }
   if (input.group == 1 && input.trainers % 2 == 0) {
     add("--fabric_group_size=2", [](PlanInput& v) { v.group = 2; });
+  }
+  for (int k : {4, 16}) {
+    const int micro = input.micro_batches * k;
+    auto accumulate = [micro](PlanInput& v) {
+      v.micro_batches = micro;
+      v.stage = 2;
+      v.accumulate_on_trainer = true;
+    };
+    add(absl::StrCat("--micro_batches=", micro, " --stage=2 --accumulate_on_trainer"), accumulate);
+    if (k == 16) {
+      add(absl::StrCat("--micro_batches=", micro,
+                       " --stage=2 --accumulate_on_trainer --weight_encoding=int8 --grad_encoding=int4"),
+          [accumulate](PlanInput& v) {
+            accumulate(v);
+            v.encodings.weights = WireEncoding::kInt8;
+            v.encodings.grads = WireEncoding::kInt4;
+            v.error_feedback = true;
+          });
+    }
   }
   add("--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false", [](PlanInput& v) {
     v.encodings.weights = WireEncoding::kInt8;
@@ -263,7 +334,7 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
     plan.bytes_by_trainer.push_back(b);
   }
   plan.time = PredictStepTime(input, units);
-  plan.knee = KneeOf(input, plan.bytes, plan.padded_parameters);
+  plan.knee = KneeOf(input, units, plan.bytes, plan.padded_parameters);
   for (auto& [flags, variant] : LeverVariants(input)) {
     ASSIGN_OR_RETURN(const std::vector<UnitPartition> vunits, PartitionOf(variant));
     LeverOption option;
@@ -271,11 +342,14 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
     ASSIGN_OR_RETURN(option.bytes, StepBytesOf(variant, 0));
     option.time = PredictStepTime(variant, vunits);
     option.trainer_memory = TrainerMemoryOf(variant, vunits).total();
-    option.speedup = option.time.step > 0 ? plan.time.step / option.time.step : 1.0;
+    // Tokens per second, not the step: accumulation trains more tokens a step.
+    option.speedup =
+        plan.time.tokens_per_second > 0 ? option.time.tokens_per_second / plan.time.tokens_per_second : 1.0;
+    option.batch_factor = static_cast<double>(variant.tokens_per_step()) / static_cast<double>(input.tokens_per_step());
     plan.levers.push_back(std::move(option));
   }
   std::stable_sort(plan.levers.begin(), plan.levers.end(),
-                   [](const LeverOption& a, const LeverOption& b) { return a.time.step < b.time.step; });
+                   [](const LeverOption& a, const LeverOption& b) { return a.speedup > b.speedup; });
   return plan;
 }
 

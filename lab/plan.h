@@ -136,14 +136,23 @@ struct StepTime {
   bool comm_bound() const { return exposed > compute; }
 };
 
-/// The tokens per trainer and step above which compute hides the slow link:
-/// FLOP/s · mfu ÷ bytes/s, scaled by the bytes per parameter moved on the
-/// busier direction and divided by the 6 FLOPs per parameter and token.
+/// Where compute starts to hide the slow link, by the step model itself
+/// (PredictStepTime, latency included): the knee agrees with the step's
+/// own comm_bound() on either side of it.
 struct Knee {
   double bytes_per_parameter = 0;  ///< per step, the busier direction
-  double tokens_per_step = 0;      ///< per trainer; 0 on an unlimited link
-  /// The same knee as a slow-link rate: above it, this job's tokens per
-  /// step are enough for compute to hide the link.
+  /// Per trainer: with more tokens per step (the same bytes, more compute)
+  /// the step is compute-bound, with fewer communication-bound. 0 when the
+  /// slow link is unlimited and has no latency.
+  double tokens_per_step = 0;
+  /// What the bandwidth alone asks: FLOP/s · mfu ÷ bytes/s, scaled by the
+  /// bytes per parameter on the busier direction and divided by the 6 FLOPs
+  /// per parameter and token (0 on an unlimited link). Latency raises the
+  /// knee above it.
+  double bandwidth_tokens_per_step = 0;
+  /// The same knee as a slow-link rate at the link's latency: above it,
+  /// this job is compute-bound. Infinite when latency alone keeps it
+  /// communication-bound at any rate; 0 when it is compute-bound at any.
   double rate_bytes_per_second = 0;
 };
 
@@ -153,7 +162,10 @@ struct LeverOption {
   StepBytes bytes;
   StepTime time;
   int64_t trainer_memory = 0;
-  double speedup = 0;  ///< baseline step ÷ this step
+  double speedup = 0;  ///< this lever's tokens per second ÷ the baseline's
+  /// Tokens per step ÷ the baseline's (accumulation: more micro-batches a
+  /// step, a larger batch for the optimizer).
+  double batch_factor = 1;
 };
 
 struct Plan {
@@ -169,7 +181,7 @@ struct Plan {
   std::vector<StepBytes> bytes_by_trainer;
   StepTime time;
   Knee knee;
-  std::vector<LeverOption> levers;  ///< sorted by predicted step, fastest first
+  std::vector<LeverOption> levers;  ///< sorted by predicted tokens per second, most first
 };
 
 /// The plan of a valid input (Validate first).

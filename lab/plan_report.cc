@@ -1,5 +1,8 @@
 #include "lab/plan_report.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -66,7 +69,7 @@ std::string FormatPlan(const Plan& p) {
                   in.servers, " servers, ", in.trainers, " trainers",
                   in.group > 1 ? absl::StrCat(" in fabric groups of ", in.group) : std::string(), "; ",
                   in.micro_batches, " x ", in.batch, " x ", in.seq_len, " tokens per trainer and step\n");
-  absl::StrAppend(&out, "  weights ", in.encodings.ToString(), ", stage ", in.stage, ", reshard after forward ",
+  absl::StrAppend(&out, "  on the wire ", in.encodings.ToString(), ", stage ", in.stage, ", reshard after forward ",
                   in.reshard.group > 0 ? absl::StrCat(in.reshard.group) : (in.reshard.reshard ? "true" : "false"),
                   ", prefetch ", in.prefetch, "\n");
   absl::StrAppend(&out, "  slow link ", LinkText(in.slow), "; fabric ", LinkText(in.fabric), "; device ",
@@ -105,25 +108,51 @@ std::string FormatPlan(const Plan& p) {
                                         p.time.comm_bound() ? "communication-bound" : "compute-bound"));
   if (p.knee.tokens_per_step > 0) {
     absl::StrAppend(&out, absl::StrFormat(
-                              "  compute hides the slow link above about %.0f tokens per trainer and step (%.3g "
-                              "bytes per parameter on the busier direction); this job has %d\n",
-                              p.knee.tokens_per_step, p.knee.bytes_per_parameter, in.tokens_per_step()));
+                              "  compute hides the slow link above about %.0f tokens per trainer and step; this job "
+                              "has %d",
+                              p.knee.tokens_per_step, in.tokens_per_step()));
+    if (p.knee.bandwidth_tokens_per_step > 0) {
+      absl::StrAppend(&out, absl::StrFormat(" (the bandwidth alone asks %.0f: %.3g bytes per parameter on the "
+                                            "busier direction%s)",
+                                            p.knee.bandwidth_tokens_per_step, p.knee.bytes_per_parameter,
+                                            in.slow.latency > absl::ZeroDuration() ? "; latency asks the rest" : ""));
+    }
+    absl::StrAppend(&out, "\n");
+    if (std::isinf(p.knee.rate_bytes_per_second)) {
+      absl::StrAppend(&out, absl::StrFormat("  at %s one way, no link rate makes this job compute-bound: latency "
+                                            "alone exposes more than its compute\n",
+                                            absl::FormatDuration(in.slow.latency)));
+    } else if (p.knee.rate_bytes_per_second > 0) {
+      absl::StrAppend(&out, absl::StrFormat("  this job is compute-bound above about %.4g Mbit/s at this latency\n",
+                                            p.knee.rate_bytes_per_second * 8 / 1e6));
+    }
   } else {
     absl::StrAppend(&out, "  the slow link is unlimited: no compute-bound knee\n");
   }
   if (!p.levers.empty()) {
-    absl::StrAppend(&out, "\nLevers at this link, one at a time (fastest first):\n");
-    absl::StrAppend(&out, absl::StrFormat("  %-74s %10s %8s %12s %12s %12s\n", "flags", "step", "speedup",
+    absl::StrAppend(&out, "\nLevers at this link, one at a time (most tokens/s first; speedup in tokens/s):\n");
+    absl::StrAppend(&out, absl::StrFormat("  %-84s %10s %8s %12s %12s %12s\n", "flags", "step", "speedup",
                                           "fetched", "pushed", "memory"));
+    bool larger_batch = false;
     for (const LeverOption& l : p.levers) {
-      absl::StrAppend(&out, absl::StrFormat("  %-74s %10s %7.2fx %12s %12s %12s\n", l.flags, Ms(l.time.step),
+      const bool batch = l.batch_factor > 1.0;
+      larger_batch |= batch;
+      absl::StrAppend(&out, absl::StrFormat("  %-84s %10s %7.2fx %12s %12s %12s\n",
+                                            batch ? absl::StrCat(l.flags, " *") : l.flags, Ms(l.time.step),
                                             l.speedup, Mib(l.bytes.fetched), Mib(l.bytes.pushed),
                                             Mib(l.trainer_memory)));
     }
+    if (larger_batch) {
+      absl::StrAppend(&out, "  * more tokens per step: the optimizer sees a larger batch (retune lr and steps)\n");
+    }
     const LeverOption& best = p.levers.front();
     absl::StrAppend(&out, best.speedup > 1.005
-                              ? absl::StrFormat("  buys the most: %s (%.2fx)\n", best.flags, best.speedup)
-                              : std::string("  no lever shortens the step at this link\n"));
+                              ? absl::StrFormat("  buys the most: %s (%.2fx the tokens/s)\n", best.flags, best.speedup)
+                              : std::string("  no lever speeds the job up at this link\n"));
+    auto same = std::find_if(p.levers.begin(), p.levers.end(), [](const LeverOption& l) { return l.batch_factor == 1; });
+    if (best.batch_factor != 1 && same != p.levers.end() && same->speedup > 1.005) {
+      absl::StrAppend(&out, absl::StrFormat("  buys the most at this batch: %s (%.2fx)\n", same->flags, same->speedup));
+    }
   }
   return out;
 }
@@ -138,7 +167,8 @@ JsonValue PlanToJson(const Plan& p) {
                                             {"bytes", BytesJson(l.bytes)},
                                             {"time", TimeJson(l.time)},
                                             {"trainer_memory_bytes", Num(l.trainer_memory)},
-                                            {"speedup", Num(l.speedup)}}));
+                                            {"speedup", Num(l.speedup)},
+                                            {"batch_factor", Num(l.batch_factor)}}));
   }
   return JsonValue::MakeObject({
       {"parameters", Num(p.parameters)},
@@ -167,8 +197,14 @@ JsonValue PlanToJson(const Plan& p) {
       {"bytes_per_step", BytesJson(p.bytes)},
       {"bytes_per_step_by_trainer", JsonValue::MakeArray(std::move(by_trainer))},
       {"time", TimeJson(p.time)},
-      {"knee", JsonValue::MakeObject({{"bytes_per_parameter", Num(p.knee.bytes_per_parameter)},
-                                      {"tokens_per_trainer_step", Num(p.knee.tokens_per_step)}})},
+      {"knee", JsonValue::MakeObject(
+                   {{"bytes_per_parameter", Num(p.knee.bytes_per_parameter)},
+                    {"tokens_per_trainer_step", Num(p.knee.tokens_per_step)},
+                    {"bandwidth_tokens_per_trainer_step", Num(p.knee.bandwidth_tokens_per_step)},
+                    // JSON has no infinity: a rate no link reaches is null.
+                    {"rate_mbit", std::isinf(p.knee.rate_bytes_per_second)
+                                      ? JsonValue()
+                                      : Num(p.knee.rate_bytes_per_second * 8 / 1e6)}})},
       {"levers", JsonValue::MakeArray(std::move(levers))},
   });
 }

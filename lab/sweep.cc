@@ -1,6 +1,8 @@
 #include "lab/sweep.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -180,7 +182,10 @@ JsonValue SweepResultsToJson(const SweepResults& results) {
                                           {"measured", MeasurementToJson(r.measured)},
                                           {"predicted", PredictionToJson(r)},
                                           {"link_bytes_per_second", Num(r.link_bytes_per_second)},
-                                          {"knee_bytes_per_second", Num(r.knee_bytes_per_second)}}));
+                                          // null: no rate makes the point compute-bound
+                                          {"knee_bytes_per_second", std::isinf(r.knee_bytes_per_second)
+                                                                        ? JsonValue()
+                                                                        : Num(r.knee_bytes_per_second)}}));
   }
   const Calibration& c = results.calibration;
   return JsonValue::MakeObject({{"device_flops", Num(c.device_flops)},
@@ -235,7 +240,11 @@ absl::StatusOr<SweepResults> SweepResultsFromJson(const JsonValue& json) {
     r.predicted_bytes.fetched = static_cast<int64_t>(fetched);
     r.predicted_bytes.pushed = static_cast<int64_t>(pushed);
     ASSIGN_OR_RETURN(r.link_bytes_per_second, NumberField(row, "link_bytes_per_second", where));
-    ASSIGN_OR_RETURN(r.knee_bytes_per_second, NumberField(row, "knee_bytes_per_second", where));
+    if (const JsonValue* knee = row.Find("knee_bytes_per_second"); knee != nullptr && knee->is_null()) {
+      r.knee_bytes_per_second = std::numeric_limits<double>::infinity();
+    } else {
+      ASSIGN_OR_RETURN(r.knee_bytes_per_second, NumberField(row, "knee_bytes_per_second", where));
+    }
     out.results.push_back(std::move(r));
   }
   return out;

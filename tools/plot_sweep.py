@@ -5,6 +5,7 @@ compute-bound knee marked. One figure per link delay when the sweep varied
 it. Usage: plot_sweep.py results.csv OUT_DIR; prints the PNG paths."""
 
 import csv
+import math
 import os
 import re
 import sys
@@ -59,10 +60,11 @@ def plot(rows, title, path, levers):
         color = colors[i % len(colors)]
         x = [float(r["link_mbit"]) for r in series]
         for ax, (column, label) in zip(axes, FIGURES):
-            line, = ax.plot(x, [float(r["predicted_" + column]) for r in series], "-", color=color, label=name)
+            # Marked too, so that a sweep of one rate still shows its prediction.
+            line, = ax.plot(x, [float(r["predicted_" + column]) for r in series], "-x", color=color, label=name)
             ax.plot(x, [float(r["measured_" + column]) for r in series], "o", color=color)
-            knee = float(series[0]["knee_mbit"])
-            if knee > 0:
+            knee = float(series[0]["knee_mbit"])  # inf: latency alone keeps it communication-bound
+            if 0 < knee < math.inf:
                 ax.axvline(knee, color=color, linestyle=":", linewidth=1)
                 knees.setdefault(round(knee, 1), color)
         handles.append(line)

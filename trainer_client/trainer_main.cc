@@ -278,6 +278,16 @@ int Run() {
       copts.link_to_node[l.a == plan->node ? l.b : l.a] = *own;
     }
   }
+  // The shaping this trainer applies, as it applies it: the topology's
+  // links to other nodes, and --link_rate's everywhere else.
+  std::string links = copts.link.ToString();
+  if (!copts.link_to_node.empty()) {
+    std::vector<std::string> shaped;
+    for (const auto& [node, spec] : copts.link_to_node) shaped.push_back(absl::StrCat(node, " ", spec.ToString()));
+    links = absl::StrCat("shaped by the topology (node ", copts.node, ": to ", absl::StrJoin(shaped, "; to "),
+                         "; elsewhere ", links, ")");
+    std::fprintf(stderr, "pshard-trainer %d: links %s\n", copts.trainer_rank, links.c_str());
+  }
   const std::vector<int>& fabric_group = plan->fabric_group;
   for (size_t i = 1; i < fabric_group.size(); ++i) {
     if (fabric_group[i] != fabric_group[0] + static_cast<int>(i)) {
@@ -436,7 +446,7 @@ int Run() {
                 static_cast<long long>((*client)->layout().spec.TotalParameters()),
                 (*client)->layout().spec.units.size(), job.num_shards, job.num_trainers,
                 encodings->ToString().c_str(), topts.prefetch_depth,
-                (*client)->transport_name(0).c_str(), copts.link.ToString().c_str(), model.DeviceName().c_str(),
+                (*client)->transport_name(0).c_str(), links.c_str(), model.DeviceName().c_str(),
                 absl::StrCat(mib(memory.activations),
                              model.lanes() > 1 ? absl::StrCat(" (", model.lanes(), " micro-batches held at once)")
                                                : "")

@@ -2,6 +2,7 @@
 // on cases small enough to work out by hand.
 #include "lab/plan.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -202,7 +203,7 @@ TEST(PlanTest, TheKneeIsWhereComputeCatchesUpWithTheLink) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   // Fetched: 2 bytes per parameter, twice but for the last unit.
   EXPECT_NEAR(plan->knee.bytes_per_parameter, 2.0 * 1.9, 1e-3);
-  EXPECT_NEAR(plan->knee.tokens_per_step, 40e12 / 125e6 * 3.8 / 6, 1.0);
+  EXPECT_NEAR(plan->knee.bandwidth_tokens_per_step, 40e12 / 125e6 * 3.8 / 6, 1.0);
   EXPECT_TRUE(plan->time.comm_bound());
   // The same job well past the knee is compute-bound.
   flags["batch"] = "16384";
@@ -212,6 +213,52 @@ TEST(PlanTest, TheKneeIsWhereComputeCatchesUpWithTheLink) {
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_GT(big->input.tokens_per_step(), 2 * big->knee.tokens_per_step);
   EXPECT_FALSE(big->time.comm_bound());
+}
+
+// With latency the knee is the step model's own: on either side of it the
+// predicted step is communication- or compute-bound, as the plan says; the
+// bandwidth alone would put it far lower (1 Gbit/s + 50 ms, the demo: the
+// bandwidth asks about 440 tokens, the step model about 7400).
+TEST(PlanTest, TheKneeAccountsForLatencyAndAgreesWithTheStepModel) {
+  FlagValues flags = DefaultFlags();
+  flags["link_rate"] = "1gbit";
+  flags["link_delay"] = "50ms";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->time.comm_bound());
+  const double knee = plan->knee.tokens_per_step;
+  EXPECT_GT(knee, plan->input.tokens_per_step());
+  EXPECT_GT(knee, 4 * plan->knee.bandwidth_tokens_per_step);
+  // Batches on either side of the knee (64 tokens a row), by the step model.
+  for (const auto& [rows, bound] : {std::pair{static_cast<int>(knee / 64 / 1.3), true},
+                                    std::pair{static_cast<int>(knee / 64 * 1.3) + 1, false}}) {
+    flags["batch"] = absl::StrCat(rows);
+    absl::StatusOr<Plan> p = PlanOf(flags);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->time.comm_bound(), bound) << rows << " rows; knee " << knee;
+    EXPECT_NEAR(p->knee.tokens_per_step, knee, 0.05 * knee);  // the bytes do not change with the batch
+  }
+  flags["batch"] = "8";
+  // At 50 ms no rate is enough for the demo's batch; the report says so.
+  EXPECT_TRUE(std::isinf(plan->knee.rate_bytes_per_second));
+  flags["link_rate"] = "100gbit";
+  absl::StatusOr<Plan> fast = PlanOf(flags);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_TRUE(fast->time.comm_bound());
+  EXPECT_THAT(FormatPlan(*plan), HasSubstr("no link rate makes this job compute-bound"));
+  // Without latency the rate knee is finite, and the plan flips across it.
+  flags["link_delay"] = "";
+  flags["link_rate"] = "1gbit";
+  absl::StatusOr<Plan> near = PlanOf(flags);
+  ASSERT_TRUE(near.ok()) << near.status();
+  const double rate = near->knee.rate_bytes_per_second;
+  ASSERT_TRUE(std::isfinite(rate) && rate > 0) << rate;
+  for (const auto& [factor, bound] : {std::pair{0.7, true}, std::pair{1.4, false}}) {
+    flags["link_rate"] = absl::StrCat(static_cast<int64_t>(rate * factor * 8), "bit");
+    absl::StatusOr<Plan> p = PlanOf(flags);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->time.comm_bound(), bound) << flags["link_rate"];
+  }
 }
 
 // Paired placement: a trainer's own server's slice stays on its node.
@@ -242,12 +289,45 @@ TEST(PlanTest, RanksTheLeversAtTheLink) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_FALSE(plan->levers.empty());
   for (size_t i = 1; i < plan->levers.size(); ++i) {
-    EXPECT_LE(plan->levers[i - 1].time.step, plan->levers[i].time.step);
+    EXPECT_GE(plan->levers[i - 1].speedup, plan->levers[i].speedup);
   }
-  // Comm-bound: the combination of byte levers wins, by about the bytes it saves.
-  EXPECT_EQ(plan->levers.front().flags, "--weight_encoding=int8 --grad_encoding=int4 --reshard_after_forward=false");
-  EXPECT_GT(plan->levers.front().speedup, 2.0);
-  EXPECT_THAT(FormatPlan(*plan), HasSubstr("buys the most: --weight_encoding=int8 --grad_encoding=int4"));
+  for (const LeverOption& l : plan->levers) {
+    // Speedup is in tokens per second: the step, scaled by the tokens it trains.
+    EXPECT_NEAR(l.speedup, plan->time.step / l.time.step * l.batch_factor, 1e-9 * l.speedup) << l.flags;
+  }
+  // Bandwidth-bound: accumulating 16 micro-batches with the small encodings
+  // moves each unit's bytes once for 16 times the tokens.
+  const LeverOption& best = plan->levers.front();
+  EXPECT_EQ(best.flags, "--micro_batches=16 --stage=2 --accumulate_on_trainer --weight_encoding=int8 "
+                        "--grad_encoding=int4");
+  EXPECT_EQ(best.batch_factor, 16);
+  EXPECT_GT(best.speedup, 10.0);
+  // At the same batch, the combination of byte levers wins, by about the bytes it saves.
+  const std::string table = FormatPlan(*plan);
+  EXPECT_THAT(table, HasSubstr("buys the most at this batch: --weight_encoding=int8 --grad_encoding=int4 "
+                               "--reshard_after_forward=false"));
+  EXPECT_THAT(table, HasSubstr("the optimizer sees a larger batch"));
+}
+
+// At 1 Gbit/s and 50 ms (the demo), latency is what costs: at the same
+// batch a prefetch deep enough to keep every unit's fetch in flight wins,
+// and deeper is better than --prefetch=2.
+TEST(PlanTest, AtHighLatencyADeeperPrefetchRanksFirstAtTheSameBatch) {
+  FlagValues flags = DefaultFlags();
+  flags["link_rate"] = "1gbit";
+  flags["link_delay"] = "50ms";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const LeverOption* first_same = nullptr;
+  double prefetch2 = 0, prefetch5 = 0;
+  for (const LeverOption& l : plan->levers) {
+    if (first_same == nullptr && l.batch_factor == 1) first_same = &l;
+    if (l.flags == "--prefetch=2") prefetch2 = l.speedup;
+    if (l.flags == "--prefetch=5") prefetch5 = l.speedup;
+  }
+  ASSERT_NE(first_same, nullptr);
+  EXPECT_THAT(first_same->flags, testing::StartsWith("--prefetch="));
+  EXPECT_GT(prefetch5, prefetch2 * 1.3);
 }
 
 }  // namespace
