@@ -36,7 +36,8 @@ JsonValue MeasurementToJson(const PointMeasurement& m) {
                                 {"fetched_bytes", Num(m.fetched_bytes)},
                                 {"pushed_bytes", Num(m.pushed_bytes)},
                                 {"tokens_per_second", Num(m.tokens_per_second)},
-                                {"loss", Num(m.loss)}});
+                                {"loss", Num(m.loss)},
+                                {"val_loss", std::isnan(m.val_loss) ? JsonValue() : Num(m.val_loss)}});
 }
 
 JsonValue PredictionToJson(const SweepResult& r) {
@@ -230,6 +231,9 @@ absl::StatusOr<SweepResults> SweepResultsFromJson(const JsonValue& json) {
     ASSIGN_OR_RETURN(m.pushed_bytes, NumberField(*measured, "pushed_bytes", where));
     ASSIGN_OR_RETURN(m.tokens_per_second, NumberField(*measured, "tokens_per_second", where));
     ASSIGN_OR_RETURN(m.loss, NumberField(*measured, "loss", where));
+    if (const JsonValue* val = measured->Find("val_loss"); val != nullptr && !val->is_null()) {
+      ASSIGN_OR_RETURN(m.val_loss, NumberField(*measured, "val_loss", where));
+    }
     ASSIGN_OR_RETURN(r.predicted.step, NumberField(*predicted, "step_seconds", where));
     ASSIGN_OR_RETURN(r.predicted.compute, NumberField(*predicted, "compute_seconds", where));
     ASSIGN_OR_RETURN(r.predicted.exposed, NumberField(*predicted, "exposed_seconds", where));
@@ -260,7 +264,7 @@ std::string SweepResultsToCsv(const SweepResults& results) {
   std::string out = absl::StrCat(
       "point,", absl::StrJoin(columns, ","),
       ",link_mbit,measured_step_ms,measured_compute_ms,measured_exposed_ms,measured_comm_ms,measured_fetched_bytes,"
-      "measured_pushed_bytes,measured_tokens_per_s,measured_loss,predicted_step_ms,predicted_compute_ms,"
+      "measured_pushed_bytes,measured_tokens_per_s,measured_val_loss,predicted_step_ms,predicted_compute_ms,"
       "predicted_exposed_ms,predicted_comm_ms,predicted_fetched_bytes,predicted_pushed_bytes,"
       "predicted_tokens_per_s,predicted_comm_bound,knee_mbit,step_error\n");
   auto ms = [](double s) { return absl::StrFormat("%.3f", s * 1e3); };
@@ -275,7 +279,7 @@ std::string SweepResultsToCsv(const SweepResults& results) {
     for (std::string cell :
          {mbit(r.link_bytes_per_second), ms(m.step_seconds), ms(m.compute_seconds), ms(m.exposed_seconds),
           ms(m.comm_seconds), absl::StrFormat("%.0f", m.fetched_bytes), absl::StrFormat("%.0f", m.pushed_bytes),
-          absl::StrFormat("%.1f", m.tokens_per_second), absl::StrFormat("%.4f", m.loss), ms(r.predicted.step),
+          absl::StrFormat("%.1f", m.tokens_per_second), std::isnan(m.val_loss) ? std::string() : absl::StrFormat("%.5f", m.val_loss), ms(r.predicted.step),
           ms(r.predicted.compute), ms(r.predicted.exposed), ms(r.predicted.comm),
           absl::StrCat(r.predicted_bytes.fetched), absl::StrCat(r.predicted_bytes.pushed),
           absl::StrFormat("%.1f", r.predicted.tokens_per_second), std::string(r.predicted.comm_bound() ? "1" : "0"),

@@ -6,6 +6,7 @@
 #define PSHARD_LAB_SWEEP_H_
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,7 +53,10 @@ struct PointMeasurement {
   double fetched_bytes = 0;  ///< payload, per trainer and step
   double pushed_bytes = 0;
   double tokens_per_second = 0;  ///< the job's
-  double loss = 0;
+  double loss = 0;  ///< the training loss of the measured steps (a few steps in: levers hardly differ)
+  /// Trainer 0's loss on held-out text after `pshard sweep --loss_steps`
+  /// steps of the point's job; NaN when not measured.
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// Reads the step logs (`--step_log`, one per trainer) and averages the

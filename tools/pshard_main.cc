@@ -158,6 +158,9 @@ ABSL_FLAG(std::string, step_overhead, "0",
 ABSL_FLAG(std::string, out, "sweep", "sweep: the results folder (results.json, results.csv, points/, figures)");
 ABSL_FLAG(int, skip_steps, 3, "sweep: warm-up steps of each point, not measured");
 ABSL_FLAG(int, measure_steps, 5, "sweep: steps measured per point after the warm-up");
+ABSL_FLAG(int, loss_steps, 0,
+          "sweep: > 0: each point also trains this many steps, links unshaped (they change no number), and reports "
+          "trainer 0's loss on --val_data after the last (results: measured_val_loss); 0: no loss");
 ABSL_FLAG(bool, calibrate, true,
           "sweep: find the MFU the planner assumes from an unshaped run of the first point (false: --mfu)");
 ABSL_FLAG(bool, plot, false, "sweep: draw the figures when done (as pshard plot does)");
@@ -460,7 +463,8 @@ int RunPlan() {
 // The flags `pshard sweep` reads itself; every other flag given is an axis
 // of its grid.
 const std::vector<std::string>& SweepOwnFlags() {
-  static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "calibrate", "plot", "point_timeout",
+  static const std::vector<std::string> own = {"out", "skip_steps", "measure_steps", "loss_steps", "calibrate", "plot",
+                                               "point_timeout",
                                                "device_flops", "mfu", "fabric_rate", "fabric_delay",
                                                "step_overhead"};
   return own;
@@ -501,6 +505,7 @@ int RunSweep(const std::vector<std::string>& grid_args) {
   const std::vector<std::pair<std::string, std::string>> reserved = {
       {"steps", "each point runs --skip_steps + --measure_steps steps"},
       {"log_every", "the sweep reads the trainers' step logs"},
+      {"eval_every", "with --loss_steps the sweep evaluates after the last of them"},
       {"run_dir", "each point runs in OUT/points/N"},
       {"metrics_port_base", "points take any free ports"},
       {"bin_dir", "points run this build's binaries"},
@@ -520,6 +525,16 @@ int RunSweep(const std::vector<std::string>& grid_args) {
   spec.pshard_bin = SelfDir() + "/pshard";
   spec.skip_steps = absl::GetFlag(FLAGS_skip_steps);
   spec.measure_steps = absl::GetFlag(FLAGS_measure_steps);
+  spec.loss_steps = absl::GetFlag(FLAGS_loss_steps);
+  if (spec.loss_steps < 0) {
+    std::fprintf(stderr, "pshard sweep: --loss_steps=%d must be 0 (no loss) or more\n", spec.loss_steps);
+    return 2;
+  }
+  if (spec.loss_steps > 0 &&
+      std::none_of(spec.axes.begin(), spec.axes.end(), [](const pshard::SweepAxis& a) { return a.flag == "val_data"; })) {
+    std::fprintf(stderr, "pshard sweep: --loss_steps needs held-out text to evaluate on: --val_data=FILE\n");
+    return 2;
+  }
   spec.calibrate = absl::GetFlag(FLAGS_calibrate);
   spec.given.mfu = absl::GetFlag(FLAGS_mfu);
   if (absl::Duration d; absl::ParseDuration(absl::GetFlag(FLAGS_step_overhead), &d) && d >= absl::ZeroDuration()) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -76,9 +77,11 @@ SweepPoint Unshaped(const SweepPoint& p) {
   return q;
 }
 
-// Runs one point's job in `run_dir` and measures it.
-absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoint& point, int trainers,
-                                          const std::string& run_dir) {
+// Runs `pshard local` with the point's flags and `extra` in `run_dir`
+// (output in run_dir/launcher.log) to its end; its exit code. Stopped, and
+// an error, at --point_timeout or on SIGINT/SIGTERM.
+absl::StatusOr<int> RunLocal(const SweepSpec& spec, const SweepPoint& point, const std::vector<std::string>& extra,
+                             const std::string& run_dir) {
   std::error_code error;
   std::filesystem::create_directories(run_dir, error);
   if (error) return absl::InternalError(absl::StrCat("cannot create ", run_dir, ": ", error.message()));
@@ -86,8 +89,9 @@ absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoin
   std::remove(log.c_str());
   std::vector<std::string> argv = {spec.pshard_bin, "local"};
   for (std::string& a : point.Args()) argv.push_back(std::move(a));
-  for (std::string a : {absl::StrCat("--steps=", spec.skip_steps + spec.measure_steps), std::string("--log_every=0"),
-                        std::string("--metrics_port_base=0"), absl::StrCat("--run_dir=", run_dir)}) {
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  for (std::string a : {std::string("--log_every=0"), std::string("--metrics_port_base=0"),
+                        absl::StrCat("--run_dir=", run_dir)}) {
     argv.push_back(std::move(a));
   }
   ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, log));
@@ -106,13 +110,57 @@ absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoin
       return absl::CancelledError(absl::StrCat("interrupted while running ", point.Key()));
     }
   }
-  if (*code != 0) {
-    return absl::InternalError(absl::StrCat("pshard local ", point.Key(), " exited with code ", *code, " (", log,
+  return *code;
+}
+
+// Trainer 0's held-out loss after spec.loss_steps steps of the point's job,
+// run unshaped in `run_dir`.
+absl::StatusOr<double> HeldOutLoss(const SweepSpec& spec, const SweepPoint& point, const std::string& run_dir) {
+  const std::vector<std::string> extra = {absl::StrCat("--steps=", spec.loss_steps),
+                                          absl::StrCat("--eval_every=", spec.loss_steps)};
+  ASSIGN_OR_RETURN(const int code, RunLocal(spec, Unshaped(point), extra, run_dir));
+  const std::string log = run_dir + "/launcher.log";
+  if (code != 0) {
+    return absl::InternalError(absl::StrCat("pshard local ", point.Key(), " (the held-out loss run) exited with code ",
+                                            code, " (", log, "):\n", LastLines(log, 8)));
+  }
+  std::ifstream in(run_dir + "/trainer0.log");
+  const std::string marker = absl::StrCat("eval after step ", spec.loss_steps, " | val loss ");
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find(marker);
+    double loss = 0;
+    if (at != std::string::npos &&
+        absl::SimpleAtod(line.substr(at + marker.size(), line.find(' ', at + marker.size()) - at - marker.size()),
+                         &loss)) {
+      return loss;
+    }
+  }
+  return absl::InternalError(absl::StrCat("the held-out loss run of ", point.Key(), " printed no \"", marker,
+                                          "\" (", run_dir, "/trainer0.log)"));
+}
+
+// Runs one point's job in `run_dir` and measures it.
+absl::StatusOr<PointMeasurement> RunPoint(const SweepSpec& spec, const SweepPoint& point, int trainers,
+                                          const std::string& run_dir, bool with_loss = true) {
+  // Timed without evaluating: --val_data is for the held-out loss run.
+  SweepPoint timed;
+  for (const auto& flag : point.flags) {
+    if (flag.first != "val_data") timed.flags.push_back(flag);
+  }
+  ASSIGN_OR_RETURN(const int code,
+                   RunLocal(spec, timed, {absl::StrCat("--steps=", spec.skip_steps + spec.measure_steps)}, run_dir));
+  if (code != 0) {
+    const std::string log = run_dir + "/launcher.log";
+    return absl::InternalError(absl::StrCat("pshard local ", point.Key(), " exited with code ", code, " (", log,
                                             "):\n", LastLines(log, 8)));
   }
   std::vector<std::string> logs;
   for (int r = 0; r < trainers; ++r) logs.push_back(absl::StrCat(run_dir, "/trainer", r, ".steps.jsonl"));
-  return MeasureStepLogs(logs, spec.skip_steps);
+  ASSIGN_OR_RETURN(PointMeasurement m, MeasureStepLogs(logs, spec.skip_steps));
+  if (with_loss && spec.loss_steps > 0) {
+    ASSIGN_OR_RETURN(m.val_loss, HeldOutLoss(spec, point, run_dir + "/loss"));
+  }
+  return m;
 }
 
 SweepResult ResultOf(const SweepPoint& point, const PointMeasurement& measured, const Plan& plan) {
@@ -173,7 +221,8 @@ absl::Status RunSweep(const SweepSpec& spec) {
       std::fprintf(stderr, "pshard sweep: calibrating the device on an unshaped run of %s\n", points[0].Key().c_str());
       ASSIGN_OR_RETURN(const Plan at_peak, spec.plan(unshaped, Calibration{c.device_flops, 1.0, 0.0, ""}));
       ASSIGN_OR_RETURN(const PointMeasurement measured,
-                       RunPoint(spec, unshaped, at_peak.input.trainers, spec.out_dir + "/points/calibration"));
+                       RunPoint(spec, unshaped, at_peak.input.trainers, spec.out_dir + "/points/calibration",
+                                              /*with_loss=*/false));
       if (!(measured.compute_seconds > 0) || !(at_peak.time.compute > 0)) {
         return absl::InternalError("the calibration run measured no compute time");
       }

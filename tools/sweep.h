@@ -24,6 +24,10 @@ struct SweepSpec {
   std::string pshard_bin;  ///< the pshard executable that runs `local`
   int skip_steps = 3;      ///< warm-up steps of each point, not measured
   int measure_steps = 5;   ///< steps measured after them
+  /// > 0: each point then trains this many steps again, links unshaped
+  /// (emulated links change no number), evaluating on the point's
+  /// --val_data after the last: PointMeasurement::val_loss.
+  int loss_steps = 0;
   /// A point still running after this is stopped, and the sweep with it.
   absl::Duration point_timeout = absl::Minutes(30);
   /// Find the MFU and the step overhead the planner assumes from an

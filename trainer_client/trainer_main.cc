@@ -545,7 +545,7 @@ int Run() {
           step + 1, *val_data, val_batches, absl::GetFlag(FLAGS_val_seed));
       if (eval.ok()) {
         metrics.RecordEval(*eval);
-        std::printf("eval after step %lld | val loss %.3f over %d batches (%lld tokens) | %s\n",
+        std::printf("eval after step %lld | val loss %.5f over %d batches (%lld tokens) | %s\n",
                     static_cast<long long>(step + 1), eval->loss, eval->batches,
                     static_cast<long long>(eval->tokens), Ms(eval->wall).c_str());
         std::fflush(stdout);

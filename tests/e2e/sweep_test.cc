@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -125,7 +126,7 @@ TEST(SweepE2E, AGridOfFourPointsIsMeasuredPredictedAndPlotted) {
     for (const char* column :
          {"point", "servers", "link_rate", "weight_encoding", "link_mbit", "measured_step_ms", "measured_compute_ms",
           "measured_exposed_ms", "measured_fetched_bytes", "measured_pushed_bytes", "measured_tokens_per_s",
-          "measured_loss", "predicted_step_ms", "predicted_exposed_ms", "predicted_fetched_bytes", "knee_mbit",
+          "measured_val_loss", "predicted_step_ms", "predicted_exposed_ms", "predicted_fetched_bytes", "knee_mbit",
           "step_error"}) {
       ASSERT_TRUE(r.count(column)) << column;
     }
@@ -137,7 +138,7 @@ TEST(SweepE2E, AGridOfFourPointsIsMeasuredPredictedAndPlotted) {
     const double measured = std::stod(r.at("measured_step_ms")), predicted = std::stod(r.at("predicted_step_ms"));
     EXPECT_GT(measured, 0);
     EXPECT_GT(std::stod(r.at("measured_tokens_per_s")), 0);
-    EXPECT_GT(std::stod(r.at("measured_loss")), 0);
+    EXPECT_EQ(r.at("measured_val_loss"), "");  // no --loss_steps: no loss
     EXPECT_GT(predicted, 0);
     // How close the prediction comes is the benchmark's to say, on a quiet
     // machine (bench/sweep_accuracy.sh): here other tests share the cores
@@ -167,6 +168,34 @@ TEST(SweepE2E, AGridOfFourPointsIsMeasuredPredictedAndPlotted) {
   ASSERT_EQ(plot.exit_code, 0) << plot.output;
   EXPECT_THAT(plot.output, HasSubstr(figure));
   EXPECT_TRUE(IsValidPng(figure));
+}
+
+// --loss_steps: each point's held-out loss after that many steps, the loss
+// the same job reports trained alone and unshaped (emulated links change no
+// number); the encodings give different losses.
+TEST(SweepE2E, PointsReportTheHeldOutLossAfterTheStepsAsked) {
+  const std::string out = MakeRunDir();
+  const std::string val = std::string(PSHARD_SOURCE_DIR) + "/README.md";
+  std::vector<std::string> grid = GridFlags();
+  grid[grid.size() - 2] = "--link_rate=20mbit";
+  grid.back() = "--grad_encoding=bf16,int4";
+  grid.push_back("--val_data=" + val);
+  std::optional<int> code = RunToEnd(SweepArgv(out, {"--loss_steps=12"}, grid), out + "/sweep.log");
+  ASSERT_EQ(code, 0) << ReadFile(out + "/sweep.log");
+  std::map<std::string, double> loss;
+  for (const Row& r : ReadCsv(out + "/results.csv")) loss[r.at("grad_encoding")] = std::stod(r.at("measured_val_loss"));
+  ASSERT_EQ(loss.size(), 2u);
+  EXPECT_NE(loss["bf16"], loss["int4"]);
+
+  const std::string run_dir = MakeRunDir();
+  std::vector<std::string> alone = {"--servers=2", "--trainers=2", "--layers=1", "--d_model=32", "--heads=2",
+                                    "--context=16", "--seq_len=16", "--batch=4", "--grad_encoding=int4",
+                                    "--steps=12", "--eval_every=12", "--val_data=" + val, "--log_every=0"};
+  auto launcher = StartLocal(run_dir, alone);
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  ASSERT_EQ(launcher->WaitUntil(absl::Now() + absl::Minutes(2)), 0) << ReadFile(run_dir + "/launcher.log");
+  const std::string log = ReadFile(run_dir + "/launcher.log");
+  EXPECT_THAT(log, HasSubstr(absl::StrFormat("eval after step 12 | val loss %.5f ", loss["int4"])));
 }
 
 int ResultsIn(const std::string& csv) { return static_cast<int>(ReadCsv(csv).size()); }
@@ -216,6 +245,8 @@ TEST(SweepE2E, BadGridsAreRefusedBeforeAnythingStarts) {
       {{"--prefetch="}, "the grid would be empty"},
       {{}, "the grid is empty"},
       {{"--steps=10,20"}, "--steps cannot vary"},
+      {{"--link_rate=100mbit", "--loss_steps=5"}, "--loss_steps needs held-out text"},
+      {{"--link_rate=100mbit", "--eval_every=5"}, "--eval_every cannot vary"},
   };
   for (const auto& [flags, message] : cases) {
     const std::string out = MakeRunDir() + "/sweep";
