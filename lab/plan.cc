@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "lab/step_model.h"
 #include "trainer_client/model/gpt_layout.h"
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/prefetcher.h"
 #include "trainer_client/trainer.h"
 #include "trainer_client/trainer_metrics.h"
@@ -308,7 +309,8 @@ absl::StatusOr<StepBytes> StepBytesOf(const PlanInput& input, int rank) {
     bytes.fetched += fetching_passes * fetches * fetch;
     bytes.pushed += pushes * push;
     if (g > 1) {
-      bytes.gathered += fetching_passes * gathers * 4 * (units[u].padded_numel() - elements);
+      bytes.gathered += fetching_passes * gathers * FabricGatherBytesPerElement(input.encodings.weights) *
+                        (units[u].padded_numel() - elements);
       bytes.reduced += pushes * 4 * (g - 1) * elements;
     }
   }

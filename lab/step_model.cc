@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "trainer_client/group/group_collective.h"
 #include "trainer_client/prefetcher.h"
 
 namespace pshard {
@@ -114,11 +115,13 @@ class StepSimulation {
     return seconds;
   }
 
-  // Seconds of one fabric collective over `unit` (all-gather or
-  // reduce-scatter: each member receives (G-1)/G of it, fp32).
-  double Collective(int unit) const {
+  // Seconds of one fabric collective over `unit`: each member receives
+  // (G-1)/G of it, `bytes_per_element` each (the weights' all-gather: 2
+  // for bf16, FabricGatherBytesPerElement; the reduce-scatter: fp32, 4).
+  double Collective(int unit, int bytes_per_element) const {
     if (members_ < 2) return 0.0;
-    const double bytes = 4.0 * static_cast<double>(units_[unit].padded_numel()) * (members_ - 1) / members_;
+    const double bytes = bytes_per_element * static_cast<double>(units_[unit].padded_numel()) * (members_ - 1) /
+                         members_;
     return in_.fabric.Seconds(bytes) + absl::ToDoubleSeconds(in_.fabric.latency) * (members_ - 1);
   }
 
@@ -148,13 +151,13 @@ class StepSimulation {
     while (issued_ < schedule.size() && issued_ <= last) Issue(schedule[issued_++]);
     const double begin = t_;
     t_ = std::max(t_, fetch_ready_[p]);
-    if (members_ > 1) t_ += Collective(schedule[p]);
+    if (members_ > 1) t_ += Collective(schedule[p], FabricGatherBytesPerElement(in_.encodings.weights));
     busy_.Add(begin, t_);
   }
 
   void Push(int unit) {
     const double begin = t_;
-    t_ += Collective(unit);  // the group's reduce-scatter, on this thread
+    t_ += Collective(unit, 4);  // the group's reduce-scatter, on this thread
     busy_.Add(begin, t_);
     const double latency = absl::ToDoubleSeconds(in_.slow.latency);
     const WireFormat format = in_.encodings.grad_format();
@@ -197,7 +200,7 @@ class StepSimulation {
       if (!keep && u < k - 1) {
         if (regather) {
           const double begin = t_;
-          t_ += Collective(u);
+          t_ += Collective(u, FabricGatherBytesPerElement(in_.encodings.weights));
           busy_.Add(begin, t_);
         } else {
           Get(position++, schedule);

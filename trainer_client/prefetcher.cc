@@ -40,9 +40,11 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
     const absl::Time gather_start = absl::Now();
     const UnitPartition& p = client_->layout().partitions[schedule_[i]];
     const GroupOwnership owned = ShardOwnership(p, group_->size());
-    s = group_->AllGather(t->values(), owned);
+    absl::StatusOr<int64_t> gathered =
+        AllGatherWeights(*group_, t->values(), owned, client_->options().encodings.weights);
     log_->busy.Add(gather_start, absl::Now());
-    if (s.ok()) log_->fabric_gathered += 4 * (p.padded_numel() - RangeElements(owned[group_->rank()]));
+    s = gathered.status();
+    if (s.ok()) log_->fabric_gathered += *gathered;
   }
   // Time this thread spends issuing or waiting is communication too, so
   // busy time always covers exposed time.

@@ -315,12 +315,13 @@ absl::StatusOr<std::vector<float>> Trainer::Regather(int unit, const std::vector
   const GroupOwnership owned = ShardOwnership(p, group->size());
   std::vector<float> buffer(static_cast<size_t>(p.padded_numel()), 0.0f);
   UnpackRanges(part.data(), owned[group->rank()], buffer);
-  absl::Status s = group->AllGather(buffer, owned);
+  absl::StatusOr<int64_t> gathered =
+      AllGatherWeights(*group, buffer, owned, client_->options().encodings.weights);
   const absl::Time t1 = absl::Now();
   log->busy.Add(t0, t1);
   log->waits.Add(t0, t1);
-  RETURN_IF_ERROR(s);
-  log->fabric_gathered += 4 * (p.padded_numel() - RangeElements(owned[group->rank()]));
+  RETURN_IF_ERROR(gathered.status());
+  log->fabric_gathered += *gathered;
   return buffer;
 }
 

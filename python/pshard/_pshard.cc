@@ -186,15 +186,15 @@ class Session {
     const UnitPartition& p = client_->layout().partitions[unit];
     const GroupOwnership owned = ShardOwnership(p, group_->size());
     const absl::Time start = absl::Now();
-    absl::Status s;
+    absl::StatusOr<int64_t> gathered;
     {
       py::gil_scoped_release unlocked;
-      s = group_->AllGather(values, owned);
+      gathered = AllGatherWeights(*group_, values, owned, client_->options().encodings.weights);
     }
     AddWait(start, absl::Now());
-    if (!s.ok()) Raise(s);
+    if (!gathered.ok()) Raise(gathered.status());
     absl::MutexLock lock(&mu_);
-    fabric_gathered_ += 4 * (p.padded_numel() - RangeElements(owned[group_->rank()]));
+    fabric_gathered_ += *gathered;
   }
 
   /// This member's part of a unit's fetched weights (its shards' ranges),

@@ -227,8 +227,10 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, LeverBytesTest,
 //   fetched   Σ_u c_u · Σ_{s∈S_m} E_w(u, s), c_u = 2 for all units but the
 //             last, or 1 for all with the secondary shard;
 //   pushed    Σ_u Σ_{s∈S_m} E_g(u, s);
-//   gathered  Σ_u c'_u · 4 · (Ψ_u − Σ_{s∈S_m} n(u, s)), c'_u = 2 for all
+//   gathered  Σ_u c'_u · b · (Ψ_u − Σ_{s∈S_m} n(u, s)), c'_u = 2 for all
 //             units but the last, with or without the secondary shard;
+//             b = 2 when the weights travel as bf16 (the fabric moves them
+//             as bf16 too), 4 otherwise;
 //   reduced   Σ_u 4 · (G − 1) · Σ_{s∈S_m} n(u, s).
 struct GroupLeverCase {
   std::string name;
@@ -271,7 +273,8 @@ TEST_P(GroupLeverBytesTest, EachMemberMovesItsShareOverEachLink) {
       }
       fetched += (c.secondary_shard > 0 || last ? 1 : 2) * fetch_bytes;
       pushed += push_bytes;
-      gathered += (last ? 1 : 2) * 4 * (units[u].padded_numel() - elements);
+      const int gather_bytes = c.encodings.weights == WireEncoding::kBf16 ? 2 : 4;
+      gathered += (last ? 1 : 2) * gather_bytes * (units[u].padded_numel() - elements);
       reduced += 4 * (kGroup - 1) * elements;
     }
     const absl::StatusOr<StepBytes> planned = StepBytesOf(PlanInputOf(job, how.trainer, c.encodings, kGroup), r);
@@ -296,6 +299,7 @@ INSTANTIATE_TEST_SUITE_P(
     AllTransports, GroupLeverBytesTest,
     ::testing::Combine(::testing::ValuesIn(EnabledTransports()),
                        ::testing::Values(GroupLeverCase{"groups_bf16", WireEncoding::kBf16},
+                                         GroupLeverCase{"groups_fp32", WireEncoding::kFp32},
                                          GroupLeverCase{"secondary_shard_bf16", WireEncoding::kBf16, 2},
                                          GroupLeverCase{"secondary_shard_int8_int4",
                                                         WireEncodings(WireEncoding::kInt8, WireEncoding::kInt4, 48),

@@ -4,7 +4,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/bf16.h"
 #include "common/partition.h"
+#include "common/status_macros.h"
 
 namespace pshard {
 
@@ -26,6 +28,56 @@ void UnpackRanges(const float* in, const std::vector<ElementRange>& ranges, std:
     std::memcpy(buffer.data() + r.begin, in, r.length * sizeof(float));
     in += r.length;
   }
+}
+
+int FabricGatherBytesPerElement(WireEncoding weights) { return weights == WireEncoding::kBf16 ? 2 : 4; }
+
+absl::StatusOr<int64_t> AllGatherWeights(GroupCollective& group, std::span<float> buffer, const GroupOwnership& owned,
+                                         WireEncoding weights) {
+  const int size = group.size(), me = group.rank();
+  RETURN_IF_ERROR(CheckOwnership(static_cast<int64_t>(buffer.size()), owned, size));
+  int64_t others = 0;
+  for (int m = 0; m < size; ++m) others += m == me ? 0 : RangeElements(owned[m]);
+  if (FabricGatherBytesPerElement(weights) == 4) {
+    RETURN_IF_ERROR(group.AllGather(buffer, owned));
+    return 4 * others;
+  }
+  // Each member's values as bf16, two to a float slot, its slots one range
+  // of a packed buffer that the group all-gathers (bits copied, never
+  // computed on).
+  std::vector<int64_t> count(size), offset(size + 1, 0);
+  GroupOwnership packed_owned(size);
+  for (int m = 0; m < size; ++m) {
+    count[m] = RangeElements(owned[m]);
+    const int64_t slots = (count[m] + 1) / 2;
+    packed_owned[m] = {ElementRange{offset[m], slots}};
+    offset[m + 1] = offset[m] + slots;
+  }
+  std::vector<float> packed(offset[size], 0.0f);
+  {
+    std::vector<float> mine(count[me]);
+    PackRanges(buffer, owned[me], mine.data());
+    std::vector<uint16_t> bf16(count[me]);
+    for (int64_t i = 0; i < count[me]; ++i) {
+      bf16[i] = FloatToBf16(mine[i]);
+      const float back = Bf16ToFloat(bf16[i]);
+      if (std::memcmp(&back, &mine[i], sizeof(float)) != 0) {
+        return absl::InternalError(absl::StrCat("fabric all-gather: element ", i, " of member ", me,
+                                                "'s ranges is not a bf16 value: the weights did not come as bf16"));
+      }
+    }
+    std::memcpy(packed.data() + offset[me], bf16.data(), bf16.size() * sizeof(uint16_t));
+  }
+  RETURN_IF_ERROR(group.AllGather(packed, packed_owned));
+  for (int m = 0; m < size; ++m) {
+    if (m == me) continue;
+    std::vector<uint16_t> bf16(count[m]);
+    std::memcpy(bf16.data(), packed.data() + offset[m], bf16.size() * sizeof(uint16_t));
+    std::vector<float> values(count[m]);
+    for (int64_t i = 0; i < count[m]; ++i) values[i] = Bf16ToFloat(bf16[i]);
+    UnpackRanges(values.data(), owned[m], buffer);
+  }
+  return 2 * others;
 }
 
 absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size) {

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/partition.h"
+#include "common/wire_encoding.h"
 
 namespace pshard {
 
@@ -64,6 +65,20 @@ void UnpackRanges(const float* in, const std::vector<ElementRange>& ranges, std:
 /// Checks that `owned` lists `group_size` members and that every range lies
 /// inside a buffer of `buffer_size` elements (the collectives' precondition).
 absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size);
+
+/// Bytes per element the fabric all-gather of weights that travelled in
+/// `weights` moves: 2 for bf16 (the values are bf16's, exactly), 4 for the
+/// others (int8 blocks are all-gathered decoded, as fp32).
+int FabricGatherBytesPerElement(WireEncoding weights);
+
+/// AllGather of a unit's weights as they arrived from the servers in
+/// `weights`: bf16 values move as bf16 (half the fabric bytes; every
+/// member ends with the same bits as a plain AllGather), others as fp32.
+/// Internal error when this member's values are not exact in bf16 (they
+/// must be decoded bf16). Returns the payload bytes this member received:
+/// FabricGatherBytesPerElement × the elements of the other members' ranges.
+absl::StatusOr<int64_t> AllGatherWeights(GroupCollective& group, std::span<float> buffer, const GroupOwnership& owned,
+                                         WireEncoding weights);
 
 /// Shard s is fetched and pushed by member s % group_size: the ranges of
 /// each member in a unit with that partition.
