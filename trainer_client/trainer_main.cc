@@ -296,6 +296,14 @@ int Run() {
       return 2;
     }
   }
+  if (fabric->enabled() && fabric_group.size() < 2) {
+    // Nothing would carry it: refused, not ignored.
+    std::fprintf(stderr,
+                 "pshard-trainer: --fabric_rate/--fabric_delay shape a fabric group's fabric, and trainer %d is in "
+                 "none (the topology's fabric_groups, or pshard local --fabric_group_size)\n",
+                 copts.trainer_rank);
+    return 2;
+  }
   double peak_flops = 0.0;
   const bool measure_peak = absl::GetFlag(FLAGS_peak_flops) == "auto";  // once the model is known
   if (const std::string peak = absl::GetFlag(FLAGS_peak_flops);

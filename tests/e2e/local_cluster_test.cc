@@ -382,6 +382,22 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
                                           "; training to step ", common.back() + 3)));
 }
 
+// pshard-trainer refuses, before it connects anywhere, a fabric shaping
+// with no fabric group to carry it and a server address whose port is out
+// of range.
+TEST(LocalClusterE2E, TheTrainerRefusesWhatNothingWouldUse) {
+  const std::string trainer = std::string(PSHARD_BIN_DIR) + "/pshard-trainer ";
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--servers=127.0.0.1:1 --fabric_rate=1gbit", "shape a fabric group's fabric, and trainer 0 is in none"},
+           {"--servers=127.0.0.1:1 --fabric_delay=1ms", "is in none"},
+           {"--servers=127.0.0.1:1,127.0.0.1:70000", "--servers: \"127.0.0.1:70000\" is not host:port"},
+       }) {
+    const CommandResult r = RunCommand(trainer + flags + " 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.output;
+    EXPECT_THAT(r.output, HasSubstr(message)) << flags;
+  }
+}
+
 // Run again in the same folder, a finished job says on the console where it
 // resumed, that there is nothing left to train and how to train longer; the
 // first run's logs are kept apart from the second's.
