@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
 #include "common/bf16.h"
@@ -91,7 +92,7 @@ absl::Status WriteWeightsFile(const JobWeights& weights, SafetensorsDtype dtype,
       {"step", absl::StrCat(weights.step)},
       {"layout_fingerprint", FingerprintHex(LayoutFingerprint(weights.layout))},
       {"model", weights.layout.model},
-      {"layout", FormatLayoutJson(weights.layout, /*one_line=*/true)}};
+      {"layout", std::string(absl::StripTrailingAsciiWhitespace(FormatLayoutJson(weights.layout, /*one_line=*/true)))}};
   if (absl::StatusOr<GptConfig> gpt = GptConfigFromSpec(weights.layout); gpt.ok()) {
     metadata["architecture"] = kGptArchitecture;
     metadata["gpt.layers"] = absl::StrCat(gpt->num_layers);

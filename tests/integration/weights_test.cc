@@ -72,14 +72,19 @@ raw = open(sys.argv[1], "rb").read()
 (n,) = struct.unpack("<Q", raw[:8])
 header = json.loads(raw[8:8 + n])
 open(sys.argv[2], "wb").write(raw[8 + n:])
-print("meta", json.dumps(header.pop("__metadata__"), sort_keys=True))
+meta = header.pop("__metadata__")
+print("meta", json.dumps({k: meta[k] for k in ("layout_fingerprint", "model", "step")}, sort_keys=True))
+print("keys", " ".join(sorted(meta)))
+print("layout", json.loads(meta["layout"])["model"], len(json.loads(meta["layout"])["units"]))
 for name, t in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"]):
     b, e = t["data_offsets"]
     print(name, t["dtype"], "x".join(map(str, t["shape"])), b, e)
 )PY";
 
 struct ReadBack {
-  std::string meta;
+  std::string meta;    // step, layout_fingerprint and model
+  std::string keys;    // every metadata key, sorted
+  std::string layout;  // the "layout" document's model words and unit count
   struct Tensor {
     std::string name, dtype, shape;
     size_t begin = 0, end = 0;
@@ -105,6 +110,14 @@ ReadBack ReadIndependently(const std::string& path) {
       out.meta = line.substr(5);
       continue;
     }
+    if (line.rfind("keys ", 0) == 0) {
+      out.keys = line.substr(5);
+      continue;
+    }
+    if (line.rfind("layout ", 0) == 0) {
+      out.layout = line.substr(7);
+      continue;
+    }
     std::vector<std::string> f = absl::StrSplit(line, ' ');
     EXPECT_EQ(f.size(), 5u) << line;
     if (f.size() == 5) out.tensors.push_back({f[0], f[1], f[2], std::stoul(f[3]), std::stoul(f[4])});
@@ -126,6 +139,10 @@ void ExpectFileHolds(const std::string& path, const ModelSpec& layout, const std
   const ReadBack got = ReadIndependently(path);
   EXPECT_EQ(got.meta, absl::StrCat("{\"layout_fingerprint\": \"", FingerprintHex(LayoutFingerprint(layout)),
                                    "\", \"model\": \"", layout.model, "\", \"step\": \"", step, "\"}"));
+  // The layout itself, and (a GPT's) the architecture and sizes, docs/gpt.md.
+  EXPECT_EQ(got.keys, "architecture gpt.context gpt.d_model gpt.heads gpt.layer_norm_eps gpt.layers gpt.vocab layout "
+                      "layout_fingerprint model step");
+  EXPECT_EQ(got.layout, absl::StrCat(layout.model, " ", layout.units.size()));
   ASSERT_EQ(static_cast<int>(got.tensors.size()), layout.num_tensors());
   size_t k = 0;
   for (size_t u = 0; u < layout.units.size(); ++u) {
