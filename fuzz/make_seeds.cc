@@ -414,6 +414,11 @@ void AddTopologies(Corpus& corpus) {
 })");
   corpus.Add("topology", "one_node",
              R"({"nodes":[{"name":"solo","servers":["127.0.0.1:7070","127.0.0.1:7071"],"trainers":[0]}]})");
+  corpus.Add("topology", "shard_names", R"({"nodes": [{"name": "east", "servers": ["shard:0", "shard:2"], "trainers": [0, 1]},
+           {"name": "west", "servers": ["shard:1"], "trainers": [2, 3]}],
+ "fabric_groups": [[0, 1], [2, 3]],
+ "links": [{"between": ["east", "west"], "kind": "ethernet", "rate": "1gbit", "delay": "20ms"}]}
+)");
   corpus.Add("topology", "json_values",
              R"([0, -1.5e-3, 12345678901234567890, true, false, null, )"
              R"("esc \" \\ \/ \b\f\n\r\t \u00e9\u20ac", {"": {}}, [[]]])");

@@ -3,7 +3,10 @@
 // reads back and writes again to the same text (one line or indented). A
 // topology that parses plans a route to every server it lists for every
 // trainer on one of its nodes, with UCX built (and without it, unless a
-// link asks for UCX); a trainer on no node is refused.
+// link asks for UCX); a trainer on no node is refused. Its own JSON parses
+// back to the same topology, with or without the links' shaping; a job's
+// checks and the shard names' resolution answer without crashing, and a
+// resolved topology names no shard.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -56,7 +59,27 @@ void FuzzTopology(std::string_view text) {
   CheckRoundTrip(*document, false);
   CheckRoundTrip(*document, true);
   const absl::StatusOr<Topology> topology = Topology::Parse(text);
-  if (topology.ok()) CheckPlans(*topology);
+  if (!topology.ok()) return;
+  CheckPlans(*topology);
+  for (bool shaping : {true, false}) {
+    const std::string json = topology->ToJson(shaping);
+    const absl::StatusOr<Topology> again = Topology::Parse(json);
+    Require(again.ok(), absl::StrCat("a topology's own JSON is refused (", again.status().message(), "): ", json));
+    Require(again->ToJson(shaping) == json, absl::StrCat("a topology changed on its way back: ", json));
+  }
+  for (int servers : {1, 3}) {
+    (void)topology->CheckForJob(servers, 4);
+    (void)topology->UniformGroupSize(servers);
+    std::vector<std::string> addresses;
+    for (int k = 0; k < servers; ++k) addresses.push_back(absl::StrCat("10.0.0.", k, ":1"));
+    Topology resolved = *topology;
+    if (!resolved.ResolveShards(addresses).ok()) continue;
+    for (const Topology::Node& n : resolved.nodes) {
+      for (const std::string& server : n.servers) {
+        Require(server.rfind("shard:", 0) != 0, absl::StrCat("left unresolved: ", server));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -226,6 +226,19 @@ absl::Status PlanInput::Validate() const {
                                                    " keeps a secondary shard within a fabric group of that size: "
                                                    "give --fabric_group_size=", reshard.group));
   }
+  if (nodes) {
+    if (paired) return absl::InvalidArgumentError("--placement=paired and --topology both place the processes: give one");
+    if (static_cast<int>(nodes->of_server.size()) != servers || static_cast<int>(nodes->of_trainer.size()) != trainers) {
+      return absl::InvalidArgumentError(absl::StrCat("the topology places ", nodes->of_server.size(), " servers and ",
+                                                     nodes->of_trainer.size(), " trainers; the job has ", servers,
+                                                     " and ", trainers));
+    }
+    for (const auto& [pair, link] : nodes->links) {
+      if (link.bytes_per_second < 0 || link.latency < absl::ZeroDuration()) {
+        return absl::InvalidArgumentError("a topology link's rate and latency must be >= 0");
+      }
+    }
+  }
   if (paired && group > 1) {
     return absl::InvalidArgumentError("--placement=paired takes no fabric groups (--fabric_group_size=1)");
   }

@@ -7,7 +7,10 @@
 #define PSHARD_LAB_PLAN_H_
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -59,6 +62,20 @@ struct PlanInput {
   /// server's slice does not cross the network, and the node's interface
   /// carries both. Otherwise every server and trainer has its own node.
   bool paired = false;
+
+  /// Where the processes run, from a topology file (servers named
+  /// shard:K), in place of a node per process (or `paired`).
+  struct Nodes {
+    std::string file;                ///< the topology file
+    std::vector<std::string> names;  ///< of each node
+    std::vector<int> of_server;      ///< node of each shard
+    std::vector<int> of_trainer;     ///< node of each trainer rank
+    /// A node pair's own link (the topology's rate and delay, the same
+    /// both ways), keyed (lower node, higher node): its transfers pass it
+    /// instead of the two nodes' interfaces at `slow`.
+    std::map<std::pair<int, int>, LinkModel> links;
+  };
+  std::optional<Nodes> nodes;
 
   LinkModel slow;    ///< each trainer's (and server's) network interface, per direction
   LinkModel fabric;  ///< between members of a fabric group

@@ -1,5 +1,6 @@
 #include "lab/plan_flags.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
@@ -9,6 +10,7 @@
 #include "common/link_rate.h"
 #include "common/status_macros.h"
 #include "trainer_client/peak_flops.h"
+#include "trainer_client/route_plan.h"
 
 namespace pshard {
 namespace {
@@ -60,6 +62,35 @@ class Reader {
   const FlagValues& flags_;
 };
 
+// The nodes of a topology file for a job of `servers` and `trainers`, and
+// the size of its fabric groups.
+absl::StatusOr<PlanInput::Nodes> NodesOf(const std::string& file, int servers, int trainers, int& group) {
+  ASSIGN_OR_RETURN(const Topology topology, Topology::Load(file));
+  absl::Status checked = topology.CheckForJob(servers, trainers);
+  absl::StatusOr<int> size = topology.UniformGroupSize(trainers);
+  if (!checked.ok() || !size.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--topology=", file, ": ", (checked.ok() ? size.status() : checked).message()));
+  }
+  group = *size;
+  PlanInput::Nodes nodes;
+  nodes.file = file;
+  for (const Topology::Node& n : topology.nodes) nodes.names.push_back(n.name);
+  for (int s = 0; s < servers; ++s) nodes.of_server.push_back(topology.NodeOfServer(absl::StrCat("shard:", s)));
+  for (int r = 0; r < trainers; ++r) nodes.of_trainer.push_back(topology.NodeOfTrainer(r));
+  for (const Topology::Link& l : topology.links) {
+    // As the trainers emulate it: a link with neither is no link of its own.
+    if (l.rate.empty() && l.delay.empty()) continue;
+    LinkModel link;
+    ASSIGN_OR_RETURN(link.bytes_per_second, ParseLinkRate(l.rate));  // Parse checked both
+    if (!l.delay.empty()) absl::ParseDuration(l.delay, &link.latency);
+    const int a = static_cast<int>(std::find(nodes.names.begin(), nodes.names.end(), l.a) - nodes.names.begin());
+    const int b = static_cast<int>(std::find(nodes.names.begin(), nodes.names.end(), l.b) - nodes.names.begin());
+    nodes.links[{std::min(a, b), std::max(a, b)}] = link;
+  }
+  return nodes;
+}
+
 }  // namespace
 
 const std::vector<std::string>& PlanFlagNames() {
@@ -68,7 +99,8 @@ const std::vector<std::string>& PlanFlagNames() {
       "accumulate_on_trainer", "fetch_once_per_step", "recompute", "prefetch", "stage",
       "reshard_after_forward", "encoding", "weight_encoding", "grad_encoding", "quant_block",
       "error_feedback", "layers", "d_model", "heads", "context", "params", "link_rate", "link_delay",
-      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement", "step_overhead"};
+      "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement", "step_overhead",
+      "topology"};
   return names;
 }
 
@@ -140,6 +172,17 @@ absl::StatusOr<PlanInput> PlanInputFromFlags(const FlagValues& flags) {
     return absl::InvalidArgumentError(absl::StrCat("--placement=", placement, " is not separate or paired"));
   }
   in.paired = placement == "paired";
+  ASSIGN_OR_RETURN(const std::string topology, read.Text("topology"));
+  if (!topology.empty()) {
+    int group = 1;
+    ASSIGN_OR_RETURN(in.nodes, NodesOf(topology, in.servers, in.trainers, group));
+    if (in.group != 1 && in.group != group) {
+      return absl::InvalidArgumentError(absl::StrCat("--fabric_group_size=", in.group, " disagrees with ", topology,
+                                                     ", whose fabric groups are of ", group,
+                                                     ": the topology's groups are the job's"));
+    }
+    in.group = group;
+  }
   ASSIGN_OR_RETURN(in.slow, read.Link("link_rate", "link_delay"));
   ASSIGN_OR_RETURN(in.fabric, read.Link("fabric_rate", "fabric_delay"));
   ASSIGN_OR_RETURN(const std::string device_flops, read.Text("device_flops"));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace pshard {
 namespace {
@@ -35,6 +36,28 @@ std::string LinkText(const LinkModel& link) {
                            : bits >= 1e9 ? absl::StrFormat("%.4g Gbit/s", bits / 1e9)
                                          : absl::StrFormat("%.4g Mbit/s", bits / 1e6);
   return absl::StrCat(rate, ", ", absl::FormatDuration(link.latency), " one way");
+}
+
+// The topology's nodes and own links, as the plan used them.
+std::string NodesText(const PlanInput::Nodes& nodes) {
+  std::vector<std::string> placed, links;
+  for (size_t n = 0; n < nodes.names.size(); ++n) {
+    std::vector<std::string> here;
+    for (size_t s = 0; s < nodes.of_server.size(); ++s) {
+      if (nodes.of_server[s] == static_cast<int>(n)) here.push_back(absl::StrCat("shard:", s));
+    }
+    for (size_t r = 0; r < nodes.of_trainer.size(); ++r) {
+      if (nodes.of_trainer[r] == static_cast<int>(n)) here.push_back(absl::StrCat("trainer ", r));
+    }
+    placed.push_back(absl::StrCat(nodes.names[n], " (", absl::StrJoin(here, ", "), ")"));
+  }
+  for (const auto& [pair, link] : nodes.links) {
+    links.push_back(absl::StrCat(nodes.names[pair.first], "-", nodes.names[pair.second], " ", LinkText(link)));
+  }
+  return absl::StrCat("topology ", nodes.file, ": nodes ", absl::StrJoin(placed, ", "), "; ",
+                      links.empty() ? std::string("no links of their own (every pair over the slow link)")
+                                    : absl::StrCat("own links ", absl::StrJoin(links, "; "),
+                                                   " (other pairs over the slow link)"));
 }
 
 JsonValue Num(double v) { return JsonValue::Number(v); }
@@ -73,7 +96,9 @@ std::string FormatPlan(const Plan& p) {
                   in.reshard.group > 0 ? absl::StrCat(in.reshard.group) : (in.reshard.reshard ? "true" : "false"),
                   ", prefetch ", in.prefetch, "\n");
   absl::StrAppend(&out, "  slow link ", LinkText(in.slow), "; fabric ", LinkText(in.fabric), "; device ",
-                  absl::StrFormat("%.4g GFLOP/s at %.0f%% MFU", in.device_flops / 1e9, in.mfu * 100), "\n\n");
+                  absl::StrFormat("%.4g GFLOP/s at %.0f%% MFU", in.device_flops / 1e9, in.mfu * 100), "\n");
+  if (in.nodes) absl::StrAppend(&out, "  ", NodesText(*in.nodes), "\n");
+  absl::StrAppend(&out, "\n");
 
   absl::StrAppend(&out, absl::StrFormat("Model state per device, %s parameters on %d devices (K = %g):\n",
                                         Count(static_cast<double>(p.parameters)), p.zero.devices,
@@ -176,6 +201,7 @@ JsonValue PlanToJson(const Plan& p) {
       {"servers", Num(in.servers)},
       {"trainers", Num(in.trainers)},
       {"fabric_group_size", Num(in.group)},
+      {"topology", in.nodes ? JsonValue::String(NodesText(*in.nodes)) : JsonValue()},
       {"tokens_per_trainer_step", Num(in.tokens_per_step())},
       {"zero", JsonValue::MakeObject({{"devices", Num(p.zero.devices)},
                                       {"data_parallel_bytes", Num(p.zero.data_parallel)},

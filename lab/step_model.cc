@@ -1,6 +1,8 @@
 #include "lab/step_model.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <utility>
 
 #include "trainer_client/group/group_collective.h"
@@ -39,20 +41,30 @@ class Busy {
   std::vector<std::pair<double, double>> intervals_;
 };
 
+// A transfer's way between a trainer and a server: nothing (one node), or
+// the buckets it passes, each way, and the one-way latency.
+struct Route {
+  int server = 0;
+  bool remote = false;
+  double latency = 0;
+  std::vector<int> down, up;  // bucket ids: server to trainer, trainer to server
+};
+
 class StepSimulation {
  public:
-  StepSimulation(const PlanInput& input, std::span<const UnitPartition> units)
-      : in_(input), units_(units), members_(std::max(1, input.group)),
-        node_out_(input.servers + input.trainers), node_in_(input.servers + input.trainers) {
-    for (int m = 0; m < members_; ++m) {
-      shards_.push_back(members_ > 1 ? MemberShards(input.servers, members_, m) : AllShards());
+  // Simulates fabric group `focus` (ranks focus·G .. focus·G + G - 1); every
+  // other trainer runs the same schedule at the same moments and loads the
+  // buckets it shares with them.
+  StepSimulation(const PlanInput& input, std::span<const UnitPartition> units, int focus)
+      : in_(input), units_(units), members_(std::max(1, input.group)), focus_(focus) {
+    for (int r = 0; r < input.trainers; ++r) {
+      std::vector<Route> mine;
+      for (int s : members_ > 1 ? MemberShards(input.servers, members_, r % members_) : AllShards()) {
+        mine.push_back(RouteOf(r, s));
+      }
+      routes_.push_back(std::move(mine));
     }
-    // Every trainer runs this schedule at once: a server's slice goes to
-    // each trainer that fetches it, one member of every group, but not
-    // over the network to the trainer on its own node.
-    for (int s = 0; s < input.servers; ++s) {
-      fetchers_.push_back(std::max(1, input.trainers / members_) - (Paired(s) ? 1 : 0));
-    }
+    load_.resize(buckets_.size());
     flops_ = UnitFlops(input);
     recompute_flops_ = UnitRecomputeFlops(input);
     flops_per_second_ = input.device_flops * input.mfu;
@@ -84,28 +96,47 @@ class StepSimulation {
     return all;
   }
 
-  // Nodes: server s on node s; trainer r on node r with server r when
-  // paired, else on node N + r. Member m of the simulated group is rank m.
-  bool Paired(int s) const { return in_.paired && s < in_.trainers; }
-  int TrainerNode(int rank) const { return in_.paired && rank < in_.servers ? rank : in_.servers + rank; }
-
-  // Bytes of the slices of `unit` that trainer `rank` exchanges with other
-  // nodes, in `format`.
-  double RemoteBytes(int unit, int rank, const WireFormat& format) const {
-    double bytes = 0;
-    for (int s : shards_[rank % members_]) {
-      if (s != TrainerNode(rank)) bytes += static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
-    }
-    return bytes;
+  // Nodes: the topology's; else server s on node s, and trainer r on node r
+  // with server r when paired, else on node N + r.
+  int ServerNode(int s) const { return in_.nodes ? in_.nodes->of_server[s] : s; }
+  int TrainerNode(int rank) const {
+    if (in_.nodes) return in_.nodes->of_trainer[rank];
+    return in_.paired && rank < in_.servers ? rank : in_.servers + rank;
   }
 
-  // The other paired nodes' trainers move what this group's do, at the same
-  // moment, through their nodes' interfaces (which their servers share).
-  void LoadOtherPairedNodes(double t, int unit, const WireFormat& format, std::vector<Bucket>& interfaces) {
-    if (!in_.paired) return;
-    for (int k = members_; k < std::min(in_.servers, in_.trainers); ++k) {
-      interfaces[k].Pass(t, RemoteBytes(unit, k, format), in_.slow);
+  // The id of a bucket: one direction of a node's interface (kind 0 what
+  // it sends, 1 what it receives), or of a node pair's own link (kind 2,
+  // from node a to node b); made on first use.
+  int BucketId(int kind, int a, int b, const LinkModel& link) {
+    auto [it, made] = bucket_ids_.try_emplace(std::make_tuple(kind, a, b), static_cast<int>(buckets_.size()));
+    if (made) {
+      buckets_.emplace_back();
+      bucket_links_.push_back(&link);
     }
+    return it->second;
+  }
+
+  Route RouteOf(int rank, int s) {
+    Route route;
+    route.server = s;
+    const int sn = ServerNode(s), tn = TrainerNode(rank);
+    if (sn == tn) return route;  // its own node's server
+    route.remote = true;
+    const LinkModel* own = nullptr;
+    if (in_.nodes) {
+      auto it = in_.nodes->links.find({std::min(sn, tn), std::max(sn, tn)});
+      if (it != in_.nodes->links.end()) own = &it->second;
+    }
+    if (own != nullptr) {
+      route.latency = absl::ToDoubleSeconds(own->latency);
+      route.down = {BucketId(2, sn, tn, *own)};
+      route.up = {BucketId(2, tn, sn, *own)};
+    } else {
+      route.latency = absl::ToDoubleSeconds(in_.slow.latency);
+      route.down = {BucketId(0, sn, 0, in_.slow), BucketId(1, tn, 0, in_.slow)};
+      route.up = {BucketId(0, tn, 0, in_.slow), BucketId(1, sn, 0, in_.slow)};
+    }
+    return route;
   }
 
   double Compute(double flops) {
@@ -125,22 +156,42 @@ class StepSimulation {
     return in_.fabric.Seconds(bytes) + absl::ToDoubleSeconds(in_.fabric.latency) * (members_ - 1);
   }
 
+  // Every trainer moves `unit`'s slices at `t` (`down`: fetches, which
+  // leave the servers a latency after `t`; else pushes): each bucket passes
+  // all the bytes it carries at once. Returns when each of the focus
+  // group's transfers is through, latencies included: ready for a fetch,
+  // acknowledged for a push; never before `t`.
+  double Move(double t, int unit, const WireFormat& format, bool down) {
+    std::fill(load_.begin(), load_.end(), -1.0);  // -1: not touched
+    for (const std::vector<Route>& routes : routes_) {
+      for (const Route& r : routes) {
+        if (!r.remote) continue;
+        const double bytes = static_cast<double>(format.EncodedBytes(units_[unit].Slice(r.server).length));
+        for (int id : down ? r.down : r.up) load_[id] = std::max(load_[id], 0.0) + bytes;
+      }
+    }
+    for (size_t id = 0; id < buckets_.size(); ++id) {
+      if (load_[id] < 0) continue;
+      const double start = t + (down ? absl::ToDoubleSeconds(bucket_links_[id]->latency) : 0.0);
+      buckets_[id].Pass(start, load_[id], *bucket_links_[id]);
+    }
+    double done = t;
+    for (int m = 0; m < members_; ++m) {
+      for (const Route& r : routes_[focus_ * members_ + m]) {
+        if (!r.remote) continue;
+        // The request reaches the server (fetch), the bytes pass, and they
+        // (or the acknowledgement) come back.
+        double through = t + (down ? r.latency : 0.0);
+        for (int id : down ? r.down : r.up) through = std::max(through, buckets_[id].free_at);
+        done = std::max(done, through + (down ? r.latency : 2 * r.latency));
+      }
+    }
+    return done;
+  }
+
   void Issue(int unit) {
     const double t = t_;
-    const double latency = absl::ToDoubleSeconds(in_.slow.latency);
-    const WireFormat format = in_.encodings.weight_format();
-    double ready = t;
-    for (int m = 0; m < members_; ++m) {
-      double through = t + latency;  // the request reaches the servers
-      for (int s : shards_[m]) {
-        if (s == TrainerNode(m)) continue;  // its own node's server
-        const double bytes = static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
-        through = std::max(through, node_out_[s].Pass(t + latency, fetchers_[s] * bytes, in_.slow));
-      }
-      through = std::max(through, node_in_[TrainerNode(m)].Pass(t + latency, RemoteBytes(unit, m, format), in_.slow));
-      ready = std::max(ready, through + latency);
-    }
-    LoadOtherPairedNodes(t + latency, unit, format, node_in_);
+    const double ready = Move(t, unit, in_.encodings.weight_format(), /*down=*/true);
     busy_.Add(t, ready);
     fetch_ready_.push_back(ready);
   }
@@ -159,20 +210,7 @@ class StepSimulation {
     const double begin = t_;
     t_ += Collective(unit, 4);  // the group's reduce-scatter, on this thread
     busy_.Add(begin, t_);
-    const double latency = absl::ToDoubleSeconds(in_.slow.latency);
-    const WireFormat format = in_.encodings.grad_format();
-    double acked = t_;
-    for (int m = 0; m < members_; ++m) {
-      double through = t_;
-      for (int s : shards_[m]) {
-        if (s == TrainerNode(m)) continue;
-        const double bytes = static_cast<double>(format.EncodedBytes(units_[unit].Slice(s).length));
-        through = std::max(through, node_in_[s].Pass(t_, fetchers_[s] * bytes, in_.slow));
-      }
-      through = std::max(through, node_out_[TrainerNode(m)].Pass(t_, RemoteBytes(unit, m, format), in_.slow));
-      acked = std::max(acked, through + 2 * latency);  // arrives, and the answer comes back
-    }
-    LoadOtherPairedNodes(t_, unit, format, node_out_);
+    const double acked = Move(t_, unit, in_.encodings.grad_format(), /*down=*/false);
     busy_.Add(t_, acked);
     last_ack_ = std::max(last_ack_, acked);
   }
@@ -214,11 +252,14 @@ class StepSimulation {
   const PlanInput& in_;
   const std::span<const UnitPartition> units_;
   const int members_;
-  std::vector<std::vector<int>> shards_;  // per member
-  std::vector<int> fetchers_;  // per server: the trainers its slice goes to over the network
+  const int focus_;
+  std::vector<std::vector<Route>> routes_;  // per trainer rank: its servers
+  std::map<std::tuple<int, int, int>, int> bucket_ids_;
+  std::vector<Bucket> buckets_;
+  std::vector<const LinkModel*> bucket_links_;  // per bucket
+  std::vector<double> load_;                    // per bucket, of the transfer being moved
   std::vector<double> flops_, recompute_flops_;
   double flops_per_second_ = 0;
-  std::vector<Bucket> node_out_, node_in_;  // per node: its interface, each way
   std::vector<double> fetch_ready_;  // per schedule position of the pass
   size_t issued_ = 0;
   double t_ = 0, compute_ = 0, last_ack_ = 0;
@@ -262,7 +303,15 @@ std::vector<double> UnitRecomputeFlops(const PlanInput& input) {
 }
 
 StepTime PredictStepTime(const PlanInput& input, std::span<const UnitPartition> units) {
-  return StepSimulation(input, units).Run();
+  // Without a topology every group runs alike; with one, the slowest
+  // group's step is the job's (the servers wait for every push).
+  const int groups = input.nodes ? input.trainers / std::max(1, input.group) : 1;
+  StepTime slowest;
+  for (int focus = 0; focus < groups; ++focus) {
+    const StepTime time = StepSimulation(input, units, focus).Run();
+    if (focus == 0 || time.step > slowest.step) slowest = time;
+  }
+  return slowest;
 }
 
 }  // namespace pshard

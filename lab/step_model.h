@@ -9,12 +9,16 @@
 // depth), each unit's compute (model FLOPs ÷ FLOP/s · mfu, one third
 // forward and two thirds backward, plus recomputation), each push issued
 // when its unit's backward ends, and the step's end when the last push is
-// acknowledged. A fetch of trainer m's slices ends when the slowest of its
-// bottlenecks has passed the bytes: m's own interface (all of m's slices)
-// and each server's (the same slice for every trainer fetching it at the
-// same moment: all trainers run the same schedule), plus a latency each
-// way. Fabric collectives pass (G-1)/G of the unit at the fabric's rate
-// with G-1 latencies.
+// acknowledged. Every trainer runs the same schedule at the same moments,
+// so each bucket carries, at once, what all of them move through it: a
+// node's interface each way (every slice of the trainers on the node, and
+// each server's slice once for every trainer fetching it), or a node
+// pair's own link (a topology's, PlanInput::nodes). A fetch of trainer m's
+// slices ends when the slowest bucket on its ways has passed them, plus a
+// latency each way; a server on m's own node costs nothing. With a
+// topology each fabric group is simulated in turn and the slowest group's
+// step is the job's. Fabric collectives pass (G-1)/G of the unit at the
+// fabric's rate with G-1 latencies.
 //
 // Not modelled: the servers' optimizer step and norm agreement between
 // steps, CPU work of encoding, decoding and copying, and jitter. A fixed

@@ -338,7 +338,9 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
   };
 
   std::string topology_flag;
-  if (spec.fabric_group_size > 1 || spec.paired) {
+  if (!spec.topology_file.empty()) {
+    topology_flag = absl::StrCat("--topology=", spec.topology_file);
+  } else if (spec.fabric_group_size > 1 || spec.paired) {
     const std::string path = spec.run_dir + "/topology.json";
     std::ofstream(path) << LocalTopology(addresses, spec.num_trainers, spec.fabric_group_size, spec.paired);
     topology_flag = absl::StrCat("--topology=", path);

@@ -29,12 +29,16 @@ struct LocalClusterSpec {
   /// Trainers in fabric groups of this many consecutive ranks (1: none):
   /// a topology file saying so goes to run_dir and to every trainer.
   int fabric_group_size = 1;
+  /// A topology file (servers named shard:K) given to every trainer in
+  /// place of the one written for fabric groups or pairs; its groups are
+  /// `fabric_group_size`'s.
+  std::string topology_file;
   /// Trainer R shares a node with server R (LocalTopology): its own
   /// server's slice does not cross the network, and the node's interface
   /// carries both processes' traffic. Not with fabric groups.
   bool paired = false;
   /// The trainers emulate slow links (trainer_flags has --link_rate or
-  /// --link_delay): their nodes' buckets go to run_dir/links, shared by
+  /// --link_delay, or the topology links of their own): their nodes' buckets go to run_dir/links, shared by
   /// every trainer (--link_dir).
   bool emulated_links = false;
   /// "kernel": each trainer runs in its own network namespace behind a veth

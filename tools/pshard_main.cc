@@ -35,6 +35,7 @@
 #include "trainer_client/peak_flops.h"
 #include "tools/cluster_status.h"
 #include "tools/local_cluster.h"
+#include "trainer_client/route_plan.h"
 #include "tools/sweep.h"
 #include "tools/weights_main.h"
 #include "common/wire_encoding.h"
@@ -118,6 +119,10 @@ ABSL_FLAG(std::string, link_mode, "emulated",
 ABSL_FLAG(std::string, placement, "separate",
           "emulated nodes: separate (every server and trainer on its own node) or paired (trainer R on a node with "
           "server R, as one server and one trainer per machine)");
+ABSL_FLAG(std::string, topology, "",
+          "a topology file (JSON; trainer_client/route_plan.h) placing the job's servers (named shard:K) and "
+          "trainers on nodes, with fabric groups and links of their own rate and delay between nodes: local "
+          "gives it to every trainer, plan and sweep predict with it");
 ABSL_FLAG(std::string, link_scope, "node",
           "what shares an emulated link's rate: node (each process on its own emulated node, whose interface all "
           "its connections share, per direction) or connection (each trainer-server connection its own)");
@@ -211,12 +216,44 @@ absl::StatusOr<std::vector<std::string>> LinkFlags() {
   if (rate.empty() && delay.empty() && jitter.empty()) return std::vector<std::string>();
   if (absl::GetFlag(FLAGS_link_mode) == "emulated") {
     std::printf("pshard: emulated links: rate %s per %s, delay %s, jitter %s\n", described->c_str(),
-              scope == "node" ? "node interface and direction (every server and trainer on its own node)"
-                              : "trainer-server connection and direction",
+              scope == "connection" ? "trainer-server connection and direction"
+              : absl::GetFlag(FLAGS_topology).empty()
+                  ? "node interface and direction (every server and trainer on its own node)"
+                  : "node interface and direction (on the nodes of --topology; its links' own rates and delays "
+                    "replace these between their nodes)",
                 delay.empty() ? "0" : delay.c_str(), jitter.empty() ? "0" : jitter.c_str());
   }
   return std::vector<std::string>{absl::StrCat("--link_rate=", rate), absl::StrCat("--link_delay=", delay),
                                   absl::StrCat("--link_jitter=", jitter), absl::StrCat("--link_scope=", scope)};
+}
+
+// What --topology (checked for a job of `servers` servers) sets: the
+// fabric groups (else --fabric_group_size's) and whether any node pair has
+// a link of its own to emulate.
+struct JobTopology {
+  int group = 1;
+  bool shaped = false;
+};
+absl::StatusOr<JobTopology> JobTopologyOf(int servers) {
+  const std::string file = absl::GetFlag(FLAGS_topology);
+  const int flag = absl::GetFlag(FLAGS_fabric_group_size);
+  if (file.empty()) return JobTopology{flag, false};
+  ASSIGN_OR_RETURN(const pshard::Topology topology, pshard::Topology::Load(file));
+  const int trainers = absl::GetFlag(FLAGS_trainers);
+  RETURN_IF_ERROR(topology.CheckForJob(servers, trainers));
+  JobTopology job;
+  ASSIGN_OR_RETURN(job.group, topology.UniformGroupSize(trainers));
+  if (flag != 1 && flag != job.group) {
+    return absl::InvalidArgumentError(absl::StrCat("--fabric_group_size=", flag, " disagrees with ", file,
+                                                   ", whose fabric groups are of ", job.group,
+                                                   ": the topology's groups are the job's"));
+  }
+  if (absl::GetFlag(FLAGS_placement) != "separate" || absl::GetFlag(FLAGS_link_mode) == "kernel") {
+    return absl::InvalidArgumentError(
+        "--topology places the processes and shapes their links: not with --placement=paired or --link_mode=kernel");
+  }
+  for (const pshard::Topology::Link& l : topology.links) job.shaped |= !l.rate.empty() || !l.delay.empty();
+  return job;
 }
 
 int RunLocal() {
@@ -256,11 +293,21 @@ int RunLocal() {
     std::fprintf(stderr, "pshard local: %s\n", std::string(reshard.status().message()).c_str());
     return 2;
   }
-  if (reshard->group > 0 && reshard->group != absl::GetFlag(FLAGS_fabric_group_size)) {
+  absl::StatusOr<JobTopology> job_topology = JobTopologyOf(spec.num_servers);
+  if (!job_topology.ok()) {
+    std::fprintf(stderr, "pshard local: %s\n", std::string(job_topology.status().message()).c_str());
+    return 2;
+  }
+  spec.fabric_group_size = job_topology->group;
+  if (!absl::GetFlag(FLAGS_topology).empty()) {
+    // The servers' and trainers' processes may run elsewhere than here.
+    spec.topology_file = std::filesystem::absolute(absl::GetFlag(FLAGS_topology)).string();
+  }
+  if (reshard->group > 0 && reshard->group != spec.fabric_group_size) {
     std::fprintf(stderr,
                  "pshard local: --reshard_after_forward=%d keeps a secondary shard within each fabric group: it "
                  "needs --fabric_group_size=%d (now %d)\n",
-                 reshard->group, reshard->group, absl::GetFlag(FLAGS_fabric_group_size));
+                 reshard->group, reshard->group, spec.fabric_group_size);
     return 2;
   }
   if (absl::Status s = pshard::CheckStage(absl::GetFlag(FLAGS_stage)); !s.ok()) {
@@ -313,7 +360,6 @@ int RunLocal() {
     // The servers may run elsewhere than here: the file by its absolute path.
     spec.server_flags.push_back(absl::StrCat("--init_from=", std::filesystem::absolute(init).string()));
   }
-  spec.fabric_group_size = absl::GetFlag(FLAGS_fabric_group_size);
   spec.trainer_flags = {
       absl::StrCat("--steps=", steps),
       absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
@@ -416,7 +462,7 @@ int RunLocal() {
     spec.kernel_rate = rate;
   } else if (spec.link_mode == "emulated") {
     spec.trainer_flags.insert(spec.trainer_flags.end(), link_flags->begin(), link_flags->end());
-    spec.emulated_links = !link_flags->empty();
+    spec.emulated_links = !link_flags->empty() || job_topology->shaped;
   } else {
     std::fprintf(stderr, "pshard local: --link_mode=%s is not emulated or kernel\n", spec.link_mode.c_str());
     return 2;

@@ -20,6 +20,7 @@
 #include "common/signals.h"
 #include "common/status_macros.h"
 #include "tools/process.h"
+#include "trainer_client/route_plan.h"
 
 namespace pshard {
 namespace {
@@ -64,13 +65,22 @@ std::string Bar(size_t done, size_t total) {
   return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '.'), "]");
 }
 
-// The point's flags with no slow link, emulated or kernel's: the
-// calibration run.
-SweepPoint Unshaped(const SweepPoint& p) {
+// The point's flags with no slow link, emulated or kernel's, and its
+// topology's links without their rates and delays (a copy in the results
+// folder): the calibration run.
+absl::StatusOr<SweepPoint> Unshaped(const SweepSpec& spec, const SweepPoint& p) {
   static const std::set<std::string> kLinkFlags = {"link_rate", "link_delay", "link_jitter", "link_mode"};
   SweepPoint q;
-  for (const auto& flag : p.flags) {
-    if (!kLinkFlags.count(flag.first)) q.flags.push_back(flag);
+  for (const auto& [flag, value] : p.flags) {
+    if (kLinkFlags.count(flag)) continue;
+    if (flag == "topology" && !value.empty()) {
+      ASSIGN_OR_RETURN(const Topology topology, Topology::Load(value));
+      const std::string copy = spec.out_dir + "/topology-unshaped.json";
+      RETURN_IF_ERROR(WriteAtomically(copy, topology.ToJson(/*shaping=*/false)));
+      q.flags.emplace_back(flag, copy);
+      continue;
+    }
+    q.flags.emplace_back(flag, value);
   }
   for (const char* f : {"link_rate", "link_delay", "link_jitter"}) q.flags.emplace_back(f, "");
   q.flags.emplace_back("link_mode", "emulated");
@@ -118,7 +128,8 @@ absl::StatusOr<int> RunLocal(const SweepSpec& spec, const SweepPoint& point, con
 absl::StatusOr<double> HeldOutLoss(const SweepSpec& spec, const SweepPoint& point, const std::string& run_dir) {
   const std::vector<std::string> extra = {absl::StrCat("--steps=", spec.loss_steps),
                                           absl::StrCat("--eval_every=", spec.loss_steps)};
-  ASSIGN_OR_RETURN(const int code, RunLocal(spec, Unshaped(point), extra, run_dir));
+  ASSIGN_OR_RETURN(const SweepPoint unshaped, Unshaped(spec, point));
+  ASSIGN_OR_RETURN(const int code, RunLocal(spec, unshaped, extra, run_dir));
   const std::string log = run_dir + "/launcher.log";
   if (code != 0) {
     return absl::InternalError(absl::StrCat("pshard local ", point.Key(), " (the held-out loss run) exited with code ",
@@ -217,7 +228,7 @@ absl::Status RunSweep(const SweepSpec& spec) {
     if (spec.calibrate) {
       // The first point without link emulation: what the device achieves,
       // and what of the step the event model does not see.
-      const SweepPoint unshaped = Unshaped(points[0]);
+      ASSIGN_OR_RETURN(const SweepPoint unshaped, Unshaped(spec, points[0]));
       std::fprintf(stderr, "pshard sweep: calibrating the device on an unshaped run of %s\n", points[0].Key().c_str());
       ASSIGN_OR_RETURN(const Plan at_peak, spec.plan(unshaped, Calibration{c.device_flops, 1.0, 0.0, ""}));
       ASSIGN_OR_RETURN(const PointMeasurement measured,

@@ -1,6 +1,7 @@
 #include "trainer_client/route_plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -140,6 +141,127 @@ absl::StatusOr<Topology> Topology::Load(const std::string& path) {
   absl::StatusOr<Topology> t = Parse(text.str());
   if (!t.ok()) return absl::Status(t.status().code(), absl::StrCat(path, ": ", t.status().message()));
   return t;
+}
+
+namespace {
+
+constexpr std::string_view kShardPrefix = "shard:";
+
+// K of "shard:K", or -1 when `server` is not such a name.
+int ShardIndex(const std::string& server) {
+  if (server.rfind(kShardPrefix, 0) != 0) return -1;
+  const std::string digits = server.substr(kShardPrefix.size());
+  if (digits.empty() || digits.size() > 6 || !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isdigit(c) != 0; })) return -1;
+  return std::stoi(digits);
+}
+
+}  // namespace
+
+std::string Topology::ToJson(bool shaping) const {
+  auto ranks = [](const std::vector<int>& list) {
+    JsonValue::Array a;
+    for (int r : list) a.push_back(JsonValue::Number(r));
+    return JsonValue::MakeArray(std::move(a));
+  };
+  JsonValue::Array node_list, group_list, link_list;
+  for (const Node& n : nodes) {
+    JsonValue::Array servers;
+    for (const std::string& s : n.servers) servers.push_back(JsonValue::String(s));
+    node_list.push_back(JsonValue::MakeObject({{"name", JsonValue::String(n.name)},
+                                               {"servers", JsonValue::MakeArray(std::move(servers))},
+                                               {"trainers", ranks(n.trainers)}}));
+  }
+  for (const std::vector<int>& g : fabric_groups) group_list.push_back(ranks(g));
+  for (const Link& l : links) {
+    JsonValue::Object link = {{"between", JsonValue::MakeArray({JsonValue::String(l.a), JsonValue::String(l.b)})},
+                              {"kind", JsonValue::String(l.kind)}};
+    if (!l.transport.empty()) link.emplace("transport", JsonValue::String(l.transport));
+    if (shaping && !l.rate.empty()) link.emplace("rate", JsonValue::String(l.rate));
+    if (shaping && !l.delay.empty()) link.emplace("delay", JsonValue::String(l.delay));
+    link_list.push_back(JsonValue::MakeObject(std::move(link)));
+  }
+  return FormatJson(JsonValue::MakeObject({{"nodes", JsonValue::MakeArray(std::move(node_list))},
+                                           {"fabric_groups", JsonValue::MakeArray(std::move(group_list))},
+                                           {"links", JsonValue::MakeArray(std::move(link_list))}}));
+}
+
+absl::Status Topology::ResolveShards(const std::vector<std::string>& server_addresses) {
+  std::set<std::string> seen;
+  for (Node& node : nodes) {
+    for (std::string& server : node.servers) {
+      if (server.rfind(kShardPrefix, 0) == 0) {
+        const int k = ShardIndex(server);
+        if (k < 0 || k >= static_cast<int>(server_addresses.size())) {
+          return Invalid(absl::StrCat("node ", node.name, ": \"", server, "\" names no shard of the ",
+                                      server_addresses.size(), " servers (shard:0 to shard:",
+                                      server_addresses.size() - 1, ")"));
+        }
+        server = server_addresses[k];
+      }
+      if (!seen.insert(server).second) return Invalid(absl::StrCat("server ", server, " is on two nodes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Topology::CheckForJob(int servers, int trainers) const {
+  std::set<int> shards, ranks;
+  for (const Node& node : nodes) {
+    for (const std::string& server : node.servers) {
+      const int k = ShardIndex(server);
+      if (k < 0 || k >= servers) {
+        return Invalid(absl::StrCat("node ", node.name, ": server \"", server, "\" is not shard:0 to shard:",
+                                    servers - 1, " (a job started here has no fixed addresses)"));
+      }
+      shards.insert(k);
+    }
+    for (int rank : node.trainers) {
+      if (rank >= trainers) {
+        return Invalid(absl::StrCat("node ", node.name, ": trainer ", rank, " is not one of the job's ", trainers));
+      }
+      ranks.insert(rank);
+    }
+  }
+  for (int k = 0; k < servers; ++k) {
+    if (!shards.count(k)) return Invalid(absl::StrCat("shard:", k, " is on no node"));
+  }
+  for (int r = 0; r < trainers; ++r) {
+    if (!ranks.count(r)) return Invalid(absl::StrCat("trainer ", r, " is on no node"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> Topology::UniformGroupSize(int trainers) const {
+  if (fabric_groups.empty()) return 1;
+  const int g = static_cast<int>(fabric_groups[0].size());
+  const bool uniform = g >= 1 && trainers % g == 0 && static_cast<int>(fabric_groups.size()) == trainers / g;
+  for (size_t i = 0; uniform && i < fabric_groups.size(); ++i) {
+    for (int m = 0; m < g; ++m) {
+      if (static_cast<int>(fabric_groups[i].size()) != g || fabric_groups[i][m] != static_cast<int>(i) * g + m) {
+        return Invalid(absl::StrCat("fabric group ", i, " is not ranks ", i * g, " to ", i * g + g - 1,
+                                    ": groups must be consecutive runs of one size covering every trainer"));
+      }
+    }
+  }
+  if (!uniform) {
+    return Invalid(absl::StrCat(fabric_groups.size(), " fabric groups of ", g, " do not cover the ", trainers,
+                                " trainers in consecutive runs of one size"));
+  }
+  return g;
+}
+
+int Topology::NodeOfServer(const std::string& server) const {
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (std::count(nodes[n].servers.begin(), nodes[n].servers.end(), server)) return static_cast<int>(n);
+  }
+  return -1;
+}
+
+int Topology::NodeOfTrainer(int rank) const {
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    if (std::count(nodes[n].trainers.begin(), nodes[n].trainers.end(), rank)) return static_cast<int>(n);
+  }
+  return -1;
 }
 
 std::map<std::string, std::string> RoutePlan::TransportByAddress() const {

@@ -11,7 +11,10 @@
 // kinds: ethernet, rdma, infiniband, nvlink; transport (optional): grpc,
 // ucx or auto; rate and delay (optional, tc units and durations): the link
 // that trainers emulate between the two nodes, in place of --link_rate and
-// --link_delay. Without a file: UCX to every server where this build has it
+// --link_delay. A server may be named "shard:K", the K-th of the job's
+// --servers (0-based): such a file does not depend on the servers'
+// addresses, so `pshard local`, `pshard plan` and `pshard sweep` take it
+// too (they take only such names). Without a file: UCX to every server where this build has it
 // (UCX itself picks shared memory on the same host, tcp or RDMA elsewhere),
 // else gRPC.
 #ifndef PSHARD_TRAINER_CLIENT_ROUTE_PLAN_H_
@@ -47,6 +50,26 @@ struct Topology {
   /// node, groups of known trainers, links between known nodes).
   static absl::StatusOr<Topology> Parse(std::string_view json);
   static absl::StatusOr<Topology> Load(const std::string& path);
+
+  /// The file's JSON; `shaping` false leaves out the links' rates and
+  /// delays (a sweep's unshaped calibration run).
+  std::string ToJson(bool shaping = true) const;
+  /// Replaces every "shard:K" by server_addresses[K]; an error names a K
+  /// out of range, or a server then on two nodes.
+  absl::Status ResolveShards(const std::vector<std::string>& server_addresses);
+  /// Checks a file for a job of `servers` shard servers and `trainers`
+  /// trainers that does not know their addresses (`pshard local`, `plan`):
+  /// every server named "shard:K", every shard and every trainer rank of
+  /// the job on exactly one node, no other ranks.
+  absl::Status CheckForJob(int servers, int trainers) const;
+  /// The size G of the fabric groups when they are consecutive runs of G
+  /// ranks covering all `trainers` (1 when there are none); an error when
+  /// they are anything else (what `pshard local` and the planner model).
+  absl::StatusOr<int> UniformGroupSize(int trainers) const;
+  /// The node holding server "shard:K" or address `server`, and trainer
+  /// `rank`; -1 when none does.
+  int NodeOfServer(const std::string& server) const;
+  int NodeOfTrainer(int rank) const;
 };
 
 struct Route {

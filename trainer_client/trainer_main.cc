@@ -110,7 +110,9 @@ ABSL_FLAG(std::string, metrics_address, "127.0.0.1:0",
 ABSL_FLAG(std::string, peak_flops, "auto",
           "FLOP/s that MFU is measured against: a number, 'auto' (a GPU's datasheet dense bf16 rate; on the CPU, "
           "this machine's measured sgemm rate) or 0 (no MFU)");
-ABSL_FLAG(std::string, topology, "", "topology file (JSON: nodes, fabric groups, links) to plan routes from");
+ABSL_FLAG(std::string, topology, "",
+          "topology file (JSON: nodes, fabric groups, links; servers by address or as shard:K of --servers) to "
+          "plan routes from");
 ABSL_FLAG(bool, print_plan, false, "print this trainer's route plan (after joining) and exit");
 ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
           "keep serving /metrics this long after the last step, so that Prometheus scrapes the final values "
@@ -253,6 +255,10 @@ int Run() {
       return 2;
     }
     topology = std::move(*loaded);
+    if (absl::Status s = topology->ResolveShards(copts.server_addresses); !s.ok()) {
+      std::fprintf(stderr, "pshard-trainer: %s: %s\n", file.c_str(), std::string(s.message()).c_str());
+      return 2;
+    }
   }
   absl::StatusOr<pshard::RoutePlan> plan = pshard::PlanRoutes(
       topology ? &*topology : nullptr, copts.trainer_rank, copts.server_addresses, PSHARD_WITH_UCX != 0);

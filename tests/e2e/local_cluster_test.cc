@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <random>
 #include <regex>
@@ -302,6 +303,49 @@ TEST(LocalClusterE2E, PairedPlacementPutsEachTrainerOnANodeWithAServer) {
   for (const char* node : {"node-0", "node-1", "node-2"}) {
     EXPECT_TRUE(std::filesystem::exists(absl::StrCat(run_dir, "/links/", node, ".link"))) << node;
   }
+}
+
+// --topology: the file reaches every trainer, which puts itself and the
+// servers on its nodes (servers named by shard) and shapes the node pair's
+// own link with the pair's buckets.
+TEST(LocalClusterE2E, ATopologyPlacesTheProcessesAndShapesItsLinks) {
+  const std::string run_dir = MakeRunDir();
+  const std::string file = run_dir + "/mine.json";
+  std::ofstream(file) << R"({"nodes": [{"name": "east", "servers": ["shard:0"], "trainers": [0]},
+                                       {"name": "west", "servers": ["shard:1"], "trainers": [1]}],
+                             "links": [{"between": ["east", "west"], "kind": "ethernet", "rate": "100mbit",
+                                        "delay": "1ms"}]})";
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=2", "--steps=2", "--layers=1", "--d_model=32",
+                                       "--heads=2", "--context=16", "--seq_len=16", "--log_every=1",
+                                       "--topology=" + file});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(3));
+  const std::string out = ReadFile(run_dir + "/launcher.log");
+  ASSERT_TRUE(code.has_value()) << out;
+  EXPECT_EQ(*code, 0) << out;
+  EXPECT_THAT(ReadFile(run_dir + "/trainer0.log"),
+              HasSubstr("links shaped by the topology (node east: to west 100.0 Mbit/s, 1ms latency"));
+  EXPECT_THAT(ReadFile(run_dir + "/trainer1.log"),
+              HasSubstr("links shaped by the topology (node west: to east 100.0 Mbit/s, 1ms latency"));
+  // Both directions of the pair's link are one file, shared by the two.
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/links/east~west.link"));
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/topology.json"));  // theirs, not one written here
+}
+
+TEST(LocalClusterE2E, ATopologyThatIsNotTheJobsIsRefusedBeforeStarting) {
+  const std::string file = MakeRunDir() + "/t.json";
+  std::ofstream(file) << R"({"nodes": [{"name": "a", "servers": ["shard:0", "shard:1"], "trainers": [0, 1]}],
+                             "fabric_groups": [[0, 1]]})";
+  const std::string topology = "--topology=" + file;
+  ExpectRefused({"--servers=3", "--trainers=2", topology}, 2, "shard:2 is on no node");
+  ExpectRefused({"--servers=2", "--trainers=4", topology}, 2, "trainer 2 is on no node");
+  ExpectRefused({"--servers=2", "--trainers=2", "--fabric_group_size=4", topology}, 2,
+                "whose fabric groups are of 2: the topology's groups are the job's");
+  ExpectRefused({"--servers=2", "--trainers=2", "--placement=paired", topology}, 2, "not with --placement=paired");
+  ExpectRefused({"--servers=2", "--trainers=2", "--topology=/nonexistent.json"}, 2, "cannot read topology file");
+  // The groups count: a secondary shard of another size is refused.
+  ExpectRefused({"--servers=2", "--trainers=2", "--reshard_after_forward=4", topology}, 2,
+                "needs --fabric_group_size=4 (now 2)");
 }
 
 // Steps of shard `shard` of `num_shards` whose checkpoint is in `dir`.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -168,6 +169,45 @@ TEST(SweepE2E, AGridOfFourPointsIsMeasuredPredictedAndPlotted) {
   ASSERT_EQ(plot.exit_code, 0) << plot.output;
   EXPECT_THAT(plot.output, HasSubstr(figure));
   EXPECT_TRUE(IsValidPng(figure));
+}
+
+// --topology as an axis: trainer 1 behind a link of its own, trainer 0
+// beside nothing slow; the planner and the runs follow each file, and the
+// calibration runs on a copy without the links' rates and delays.
+TEST(SweepE2E, ATopologyIsPlannedAndRunAsItPlacesTheJob) {
+  const std::string out = MakeRunDir();
+  std::vector<std::string> files;
+  for (const char* rate : {"20mbit", "5mbit"}) {
+    files.push_back(absl::StrCat(out, "/far-", rate, ".json"));
+    std::ofstream(files.back()) << absl::StrCat(
+        R"({"nodes": [{"name": "s", "servers": ["shard:0", "shard:1"]}, {"name": "t0", "trainers": [0]},
+                      {"name": "t1", "trainers": [1]}],
+            "links": [{"between": ["s", "t1"], "kind": "ethernet", "rate": ")",
+        rate, R"(", "delay": "1ms"}]})");
+  }
+  std::vector<std::string> grid = {"--servers=2", "--trainers=2", "--layers=1", "--d_model=32", "--heads=2",
+                                   "--context=16", "--seq_len=16", "--batch=4",
+                                   "--topology=" + files[0] + "," + files[1]};
+  std::optional<int> code = RunToEnd(SweepArgv(out, {}, grid), out + "/sweep.log");
+  ASSERT_EQ(code, 0) << ReadFile(out + "/sweep.log");
+  const std::string unshaped = ReadFile(out + "/topology-unshaped.json");
+  EXPECT_THAT(unshaped, HasSubstr("\"t1\""));
+  EXPECT_EQ(unshaped.find("rate"), std::string::npos) << unshaped;
+  const std::vector<Row> rows = ReadCsv(out + "/results.csv");
+  ASSERT_EQ(rows.size(), 2u);
+  std::map<std::string, const Row*> by_file;
+  for (const Row& r : rows) {
+    by_file[r.at("topology")] = &r;
+    EXPECT_EQ(r.at("measured_fetched_bytes"), r.at("predicted_fetched_bytes"));
+    EXPECT_EQ(r.at("measured_pushed_bytes"), r.at("predicted_pushed_bytes"));
+  }
+  ASSERT_TRUE(by_file.count(files[0]) && by_file.count(files[1]));
+  // The slower link of its own is a longer step, measured and predicted.
+  EXPECT_GT(std::stod(by_file[files[1]]->at("measured_step_ms")),
+            1.5 * std::stod(by_file[files[0]]->at("measured_step_ms")));
+  EXPECT_GT(std::stod(by_file[files[1]]->at("predicted_step_ms")),
+            1.5 * std::stod(by_file[files[0]]->at("predicted_step_ms")));
+  EXPECT_THAT(ReadFile(out + "/points/1/trainer1.log"), HasSubstr("links shaped by the topology (node t1: to s"));
 }
 
 // --loss_steps: each point's held-out loss after that many steps, the loss

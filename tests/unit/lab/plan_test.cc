@@ -3,6 +3,8 @@
 #include "lab/plan.h"
 
 #include <cmath>
+#include <fstream>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +31,7 @@ FlagValues DefaultFlags() {
           {"params", ""},          {"link_rate", ""},          {"link_delay", ""},
           {"fabric_rate", ""},     {"fabric_delay", ""},       {"device_flops", "1e11"},
           {"mfu", "0.5"},          {"optimizer_state_bytes", "12"}, {"placement", "separate"},
-          {"step_overhead", "0"}};
+          {"step_overhead", "0"},      {"topology", ""}};
 }
 
 absl::StatusOr<Plan> PlanOf(FlagValues flags) {
@@ -187,6 +189,93 @@ TEST(StepModelTest, BytesAndLatencyEachCostTime) {
   PlanInput ideal = in;
   ideal.slow = LinkModel();
   EXPECT_NEAR(PredictStepTime(ideal, units).step, 9e-3, 1e-9);
+}
+
+// Where the trainers are: HandCase with two trainers, whose bytes share
+// whatever they pass together.
+TEST(StepModelTest, ATopologyPlacesTrainersAndGivesNodePairsTheirOwnLinks) {
+  PlanInput in = HandCase();
+  in.trainers = 2;
+  const std::vector<UnitPartition> units = PartitionUnits(in.spec.UnitNumels(), 1, 8).value();
+  // Each on its own node: the server's interface carries both trainers'
+  // copies, 2 ms a unit each way: 5 fetches of 4 ms, 9 ms of compute, and
+  // the last push acknowledged 4 ms after it is handed over.
+  EXPECT_NEAR(PredictStepTime(in, units).step, 5 * 4e-3 + 9e-3 + 4e-3, 1e-9);
+  auto placed = [&](std::vector<int> of_trainer, std::map<std::pair<int, int>, LinkModel> links) {
+    PlanInput v = in;
+    v.nodes = PlanInput::Nodes{.file = "t.json", .names = {"n0", "n1", "n2"}, .of_server = {0},
+                               .of_trainer = std::move(of_trainer), .links = std::move(links)};
+    EXPECT_TRUE(v.Validate().ok()) << v.Validate();
+    return PredictStepTime(v, units).step;
+  };
+  const double alone = 5 * 3e-3 + 9e-3 + 3e-3;  // one copy through the server's interface
+  // Trainer 0 beside the server moves nothing over the network: trainer 1
+  // alone loads it.
+  EXPECT_NEAR(placed({0, 1}, {}), alone, 1e-9);
+  // Both on one node: that node's interface carries both.
+  EXPECT_NEAR(placed({1, 1}, {}), 5 * 4e-3 + 9e-3 + 4e-3, 1e-9);
+  // Trainer 1 over a link of its own at half the rate: 2 ms of bytes a unit,
+  // so its step (33 ms) is the job's though trainer 0's is 27.
+  LinkModel half = in.slow;
+  half.bytes_per_second /= 2;
+  EXPECT_NEAR(placed({1, 2}, {{{0, 2}, half}}), 5 * 4e-3 + 9e-3 + 4e-3, 1e-9);
+  // At the full rate each trainer has a way of its own: 27 ms.
+  EXPECT_NEAR(placed({1, 2}, {{{0, 2}, in.slow}}), alone, 1e-9);
+  // A link with latency alone: no bytes time on it, 10 ms each way.
+  LinkModel far;
+  far.latency = absl::Milliseconds(10);
+  EXPECT_NEAR(placed({0, 1}, {{{0, 1}, far}}), 5 * 20e-3 + 9e-3 + 20e-3, 1e-9);
+}
+
+// The file as `pshard plan --topology` reads it.
+TEST(PlanTest, ATopologyFilePlacesTheJobAndItsGroups) {
+  const std::string file = ::testing::TempDir() + "/plan_topology.json";
+  auto write = [&](const std::string& json) { std::ofstream(file) << json; };
+  FlagValues flags = DefaultFlags();
+  flags["servers"] = "2";
+  flags["link_rate"] = "100mbit";
+  absl::StatusOr<Plan> plain = PlanOf(flags);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  // Every process alone on its node, no links of their own: the default.
+  write(R"({"nodes": [{"name": "s0", "servers": ["shard:0"]}, {"name": "s1", "servers": ["shard:1"]},
+                      {"name": "t0", "trainers": [0]}, {"name": "t1", "trainers": [1]}]})");
+  flags["topology"] = file;
+  absl::StatusOr<Plan> same = PlanOf(flags);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->time.step, plain->time.step);
+  EXPECT_EQ(same->bytes.fetched, plain->bytes.fetched);
+  // Trainer 1 behind a 10 Mbit/s link: a longer step, the same bytes; the
+  // report names the nodes and the link.
+  write(R"({"nodes": [{"name": "s", "servers": ["shard:0", "shard:1"]}, {"name": "t0", "trainers": [0]},
+                      {"name": "t1", "trainers": [1]}],
+            "links": [{"between": ["t1", "s"], "kind": "ethernet", "rate": "10mbit", "delay": "5ms"}]})");
+  absl::StatusOr<Plan> slow = PlanOf(flags);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  EXPECT_GT(slow->time.step, 5 * plain->time.step);
+  EXPECT_EQ(slow->bytes.fetched, plain->bytes.fetched);
+  EXPECT_THAT(FormatPlan(*slow), HasSubstr("s (shard:0, shard:1), t0 (trainer 0), t1 (trainer 1); own links s-t1 10 "
+                                           "Mbit/s, 5ms one way"));
+  // Its fabric groups are the job's.
+  write(R"({"nodes": [{"name": "s", "servers": ["shard:0", "shard:1"]}, {"name": "t", "trainers": [0, 1]}],
+            "fabric_groups": [[0, 1]]})");
+  absl::StatusOr<PlanInput> grouped = PlanInputFromFlags(flags);
+  ASSERT_TRUE(grouped.ok()) << grouped.status();
+  EXPECT_EQ(grouped->group, 2);
+  flags["fabric_group_size"] = "1";
+  flags["trainers"] = "4";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("trainer 2 is on no node"));
+  flags["trainers"] = "2";
+  flags["servers"] = "3";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("shard:2 is on no node"));
+  flags["servers"] = "2";
+  flags["fabric_group_size"] = "4";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("disagrees with"));
+  flags["fabric_group_size"] = "1";
+  flags["placement"] = "paired";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("give one"));
+  flags["placement"] = "separate";
+  flags["topology"] = file + ".missing";
+  EXPECT_THAT(std::string(PlanOf(flags).status().message()), HasSubstr("cannot read topology file"));
 }
 
 // A trainer on a slow link moves each parameter's bytes about three times

@@ -111,5 +111,91 @@ TEST(RoutePlanTest, RanksBeyondAnIntAreRefused) {
   EXPECT_TRUE(Topology::Parse(R"({"nodes":[{"name":"a","trainers":[2147483647]}]})").ok());
 }
 
+// A topology that names its servers by shard works for any addresses: the
+// trainer resolves them against its --servers; a job started here (pshard
+// local, plan) checks it places exactly its own shards and trainers.
+constexpr char kPortable[] = R"({
+  "nodes": [
+    {"name": "a", "servers": ["shard:0", "shard:2"], "trainers": [0, 1]},
+    {"name": "b", "servers": ["shard:1"], "trainers": [2, 3]}
+  ],
+  "fabric_groups": [[0, 1], [2, 3]],
+  "links": [{"between": ["a", "b"], "kind": "ethernet", "rate": "1gbit", "delay": "20ms"}]
+})";
+
+TEST(RoutePlanTest, ServersNamedByShardAreResolvedAgainstTheAddresses) {
+  auto topology = Topology::Parse(kPortable);
+  ASSERT_TRUE(topology.ok()) << topology.status();
+  EXPECT_TRUE(topology->CheckForJob(3, 4).ok()) << topology->CheckForJob(3, 4);
+  EXPECT_EQ(topology->NodeOfServer("shard:2"), 0);
+  EXPECT_EQ(topology->NodeOfServer("shard:1"), 1);
+  EXPECT_EQ(topology->NodeOfTrainer(3), 1);
+  EXPECT_EQ(topology->NodeOfTrainer(4), -1);
+  EXPECT_EQ(topology->UniformGroupSize(4).value_or(-1), 2);
+  ASSERT_TRUE(topology->ResolveShards(kServers).ok());
+  EXPECT_EQ(topology->nodes[0].servers, (std::vector<std::string>{"10.0.0.1:7000", "10.0.0.3:7000"}));
+  EXPECT_EQ(topology->nodes[1].servers, (std::vector<std::string>{"10.0.0.2:7000"}));
+  auto plan = PlanRoutes(&*topology, 2, kServers, /*ucx_built=*/false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->node, "b");
+  EXPECT_EQ(plan->fabric_group, (std::vector<int>{2, 3}));
+  // Resolved, it is no longer a file for a job without addresses.
+  EXPECT_FALSE(topology->CheckForJob(3, 4).ok());
+}
+
+TEST(RoutePlanTest, AShardOrRankTheJobLacksIsNamed) {
+  auto topology = Topology::Parse(kPortable);
+  ASSERT_TRUE(topology.ok());
+  auto message = [](const absl::Status& s) { return std::string(s.message()); };
+  EXPECT_NE(message(topology->CheckForJob(2, 4)).find("\"shard:2\" is not shard:0 to shard:1"), std::string::npos)
+      << topology->CheckForJob(2, 4);
+  EXPECT_NE(message(topology->CheckForJob(4, 4)).find("shard:3 is on no node"), std::string::npos);
+  EXPECT_NE(message(topology->CheckForJob(3, 3)).find("trainer 3 is not one of the job's 3"), std::string::npos);
+  EXPECT_NE(message(topology->CheckForJob(3, 5)).find("trainer 4 is on no node"), std::string::npos);
+  Topology copy = *topology;
+  const absl::Status unresolved = copy.ResolveShards({"10.0.0.1:7000", "10.0.0.2:7000"});
+  EXPECT_NE(message(unresolved).find("\"shard:2\" names no shard of the 2 servers"), std::string::npos)
+      << unresolved;
+  // A literal address beside the shard that has it: on two nodes.
+  auto twice = Topology::Parse(R"({"nodes": [{"name": "a", "servers": ["shard:0"]},
+                                             {"name": "b", "servers": ["10.0.0.1:7000"]}]})");
+  ASSERT_TRUE(twice.ok());
+  EXPECT_NE(message(twice->ResolveShards(kServers)).find("is on two nodes"), std::string::npos);
+}
+
+TEST(RoutePlanTest, FabricGroupsMustBeConsecutiveRunsOfOneSizeForAJob) {
+  auto groups_of = [](const std::string& groups) {
+    return Topology::Parse(R"({"nodes": [{"name": "a", "trainers": [0, 1, 2, 3]}], "fabric_groups": )" + groups +
+                           "}")
+        .value()
+        .UniformGroupSize(4);
+  };
+  EXPECT_EQ(groups_of("[]").value_or(-1), 1);
+  EXPECT_EQ(groups_of("[[0, 1, 2, 3]]").value_or(-1), 4);
+  EXPECT_FALSE(groups_of("[[0, 2], [1, 3]]").ok());  // not consecutive
+  EXPECT_FALSE(groups_of("[[0, 1], [2]]").ok());     // sizes differ, rank 3 left out
+  EXPECT_FALSE(groups_of("[[0, 1, 2], [3]]").ok());
+  EXPECT_FALSE(groups_of("[[0, 1]]").ok());          // ranks 2 and 3 in none
+}
+
+TEST(RoutePlanTest, ItsJsonParsesBackToTheSameTopologyWithOrWithoutShaping) {
+  auto topology = Topology::Parse(kPortable);
+  ASSERT_TRUE(topology.ok());
+  auto again = Topology::Parse(topology->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status() << topology->ToJson();
+  EXPECT_EQ(again->ToJson(), topology->ToJson());
+  ASSERT_EQ(again->links.size(), 1u);
+  EXPECT_EQ(again->links[0].rate, "1gbit");
+  EXPECT_EQ(again->links[0].delay, "20ms");
+  EXPECT_EQ(again->fabric_groups, topology->fabric_groups);
+  EXPECT_EQ(again->nodes[1].servers, (std::vector<std::string>{"shard:1"}));
+  auto unshaped = Topology::Parse(topology->ToJson(/*shaping=*/false));
+  ASSERT_TRUE(unshaped.ok());
+  ASSERT_EQ(unshaped->links.size(), 1u);
+  EXPECT_EQ(unshaped->links[0].rate, "");
+  EXPECT_EQ(unshaped->links[0].delay, "");
+  EXPECT_EQ(unshaped->links[0].kind, "ethernet");
+}
+
 }  // namespace
 }  // namespace pshard
