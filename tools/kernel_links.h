@@ -40,8 +40,8 @@ class KernelLinks {
   KernelLinks(std::string rate, std::string log, std::string ip)
       : rate_(std::move(rate)), log_(std::move(log)), ip_(std::move(ip)) {}
   std::string rate_;
-  std::string ip_;  // the ip executable
   std::string log_;
+  std::string ip_;  // the ip executable
   std::vector<std::string> namespaces_;
 };
 

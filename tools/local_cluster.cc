@@ -70,22 +70,19 @@ std::string MetricsAddress(int base, int offset) {
   return absl::StrCat("127.0.0.1:", base == 0 ? 0 : base + offset);
 }
 
-// Reads line 2 of a server's port file: its metrics port.
-int MetricsPortFromFile(const std::string& path) {
+// A server's port file (docs: the port file's lines): its gRPC port, its
+// metrics port, and the step it serves from (its restored checkpoint's, 0
+// when it started fresh).
+struct PortFile {
+  int grpc_port = 0;
+  int metrics_port = 0;
+  int64_t start_step = 0;
+};
+PortFile ReadPortFile(const std::string& path) {
   std::ifstream in(path);
-  int grpc_port = 0, metrics_port = 0;
-  in >> grpc_port >> metrics_port;
-  return metrics_port;
-}
-
-// The step a server serves from (line 3 of its port file): its restored
-// checkpoint's, 0 when it started fresh.
-int64_t StartStepFromFile(const std::string& path) {
-  std::ifstream in(path);
-  int grpc_port = 0, metrics_port = 0;
-  int64_t step = 0;
-  in >> grpc_port >> metrics_port >> step;
-  return step;
+  PortFile file;
+  in >> file.grpc_port >> file.metrics_port >> file.start_step;
+  return file;
 }
 
 // Logs of an earlier run in the same folder are kept, once, as NAME.previous
@@ -308,13 +305,13 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     if (!port.ok()) return fail(port.status());
     const std::string port_file = absl::StrCat(spec.run_dir, "/server", s, ".port");
     server_ports.push_back(*port);
-    server_metrics_ports.push_back(MetricsPortFromFile(port_file));
+    server_metrics_ports.push_back(ReadPortFile(port_file).metrics_port);
     addresses.push_back(absl::StrCat("127.0.0.1:", *port));
     server_metrics.push_back(absl::StrCat("127.0.0.1:", server_metrics_ports.back()));
   }
   std::printf("pshard: %d shard servers up (%s); starting %d trainers; logs in %s\n", spec.num_servers,
               absl::StrJoin(addresses, ", ").c_str(), spec.num_trainers, spec.run_dir.c_str());
-  const int64_t resumed = StartStepFromFile(absl::StrCat(spec.run_dir, "/server0.port"));
+  const int64_t resumed = ReadPortFile(absl::StrCat(spec.run_dir, "/server0.port")).start_step;
   for (const std::string& flag : spec.server_flags) {
     if (resumed == 0 && absl::StartsWith(flag, "--init_from=")) {
       std::printf("pshard: initial weights from %s\n", flag.substr(flag.find('=') + 1).c_str());
