@@ -301,8 +301,11 @@ absl::StatusOr<std::vector<std::string>> PlotSweep(const std::string& plot_scrip
   }
   const std::string output = ReadAll(log);
   if (*code != 0) {
-    return absl::InternalError(absl::StrCat("plotting ", csv, " failed (code ", *code, "; python3-matplotlib is ",
-                                            "tools/setup.sh's to install):\n", output));
+    // The hint where it applies: a missing matplotlib, not a CSV with nothing to plot.
+    const bool no_matplotlib = absl::StrContains(output, "No module named 'matplotlib'");
+    return absl::InternalError(absl::StrCat("plotting ", csv, " failed (code ", *code,
+                                            no_matplotlib ? "; python3-matplotlib is tools/setup.sh's to install" : "",
+                                            "):\n", output));
   }
   std::vector<std::string> figures;
   for (absl::string_view line : absl::StrSplit(output, '\n', absl::SkipEmpty())) {
