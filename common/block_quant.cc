@@ -91,4 +91,41 @@ void DequantizeBlock(CodeBits bits, const std::byte* in, std::span<float> out) {
   if (n % 2 == 1) out[n - 1] = nibble(static_cast<unsigned>(codes[n / 2]) & 0xfu) * scale;
 }
 
+bool RecodeDecodedBlock(CodeBits bits, std::span<const float> decoded, std::byte* out) {
+  const float q = MaxCode(bits);
+  const float amax = AbsMax(decoded);
+  if (!(amax <= std::numeric_limits<float>::max())) return false;
+  const size_t n = decoded.size();
+  std::byte* codes = out + sizeof(float);
+  // Codes `decoded` with `scale` and checks that each decodes to its bits.
+  auto recode = [&](float scale) {
+    std::memset(codes, 0, QuantBlockBytes(bits, n) - sizeof(float));
+    for (size_t i = 0; i < n; ++i) {
+      const float c = scale > 0.0f ? RoundHalfEven(decoded[i] / scale) : 0.0f;
+      const float back = c * scale;
+      if (std::fabs(c) > q || std::memcmp(&back, &decoded[i], sizeof(float)) != 0) return false;
+      const unsigned code = static_cast<unsigned>(static_cast<int>(c));
+      if (bits == CodeBits::k8) {
+        codes[i] = static_cast<std::byte>(code & 0xffu);
+      } else {
+        codes[i / 2] |= static_cast<std::byte>((code & 0xfu) << (i % 2 == 0 ? 0 : 4));
+      }
+    }
+    std::memcpy(out, &scale, sizeof(scale));
+    return true;
+  };
+  if (amax == 0.0f) return recode(0.0f);  // all +0 (a decode never gives -0)
+  // The largest magnitude is Q * s rounded, so s is amax / Q to within an
+  // ulp or two of float rounding each way: try the nearest first.
+  const float guess = amax / q;
+  float up = guess, down = guess;
+  if (recode(guess)) return true;
+  for (int step = 0; step < 4; ++step) {
+    up = std::nextafter(up, std::numeric_limits<float>::infinity());
+    down = std::nextafter(down, 0.0f);
+    if (recode(up) || (down > 0.0f && recode(down))) return true;
+  }
+  return false;
+}
+
 }  // namespace pshard

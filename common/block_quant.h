@@ -32,6 +32,14 @@ void DequantizeBlock(CodeBits bits, const std::byte* in, std::span<float> out);
 /// The scale a block's bytes start with.
 float BlockScale(const std::byte* block);
 
+/// Codes again values that are a decoded block (every x = q * s for one
+/// scale s and codes |q| <= Q): writes a block (a scale and codes) that
+/// DequantizeBlock turns into exactly these bits, which QuantizeBlock of the
+/// decoded values does not promise (their max / Q need not give back s).
+/// Returns false, with `out` unspecified, when no such block exists: the
+/// values were not decoded from this many bits.
+bool RecodeDecodedBlock(CodeBits bits, std::span<const float> decoded, std::byte* out);
+
 }  // namespace pshard
 
 #endif  // PSHARD_COMMON_BLOCK_QUANT_H_

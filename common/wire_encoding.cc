@@ -158,6 +158,23 @@ void EncodeElements(const WireFormat& format, std::span<const float> values, std
   }
 }
 
+bool EncodeDecodedExactly(const WireFormat& format, std::span<const float> values, std::byte* out) {
+  if (!format.quantized()) {
+    EncodeElements(format, values, out);
+    std::vector<float> back(values.size());
+    DecodeElements(format, out, back);
+    return std::memcmp(back.data(), values.data(), values.size_bytes()) == 0;
+  }
+  const size_t b = static_cast<size_t>(format.block());
+  for (size_t at = 0; at < values.size(); at += b) {
+    const size_t n = std::min(b, values.size() - at);
+    if (!RecodeDecodedBlock(Bits(format.encoding()), values.subspan(at, n), out + format.EncodedBytes(at))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void DecodeElements(const WireFormat& format, const std::byte* in, std::span<float> out) {
   switch (format.encoding()) {
     case WireEncoding::kFp32:

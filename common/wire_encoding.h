@@ -101,6 +101,11 @@ absl::StatusOr<WireEncodings> ParseWireEncodings(std::string_view both, std::str
 /// Encodes a slice's first values.size() values into `out`
 /// (EncodedBytes(values.size()) bytes).
 void EncodeElements(const WireFormat& format, std::span<const float> values, std::byte* out);
+/// Encodes values that are a decode of this format's bytes (a slice's first
+/// values.size() elements) so that decoding gives back their bits: fp32
+/// always; bf16 when every value is a bf16; int8 and int4 when each block
+/// is a decoded block (RecodeDecodedBlock). False when they are not.
+bool EncodeDecodedExactly(const WireFormat& format, std::span<const float> values, std::byte* out);
 /// Decodes out.size() elements from `in`, which starts at a grain boundary.
 void DecodeElements(const WireFormat& format, const std::byte* in, std::span<float> out);
 /// Elements [offset, offset + out.size()) of a slice of `slice_elements`

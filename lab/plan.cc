@@ -308,12 +308,15 @@ absl::StatusOr<StepBytes> StepBytesOf(const PlanInput& input, int rank) {
   StepBytes bytes;
   for (size_t u = 0; u < units.size(); ++u) {
     const bool last = u + 1 == units.size();
-    int64_t fetch = 0, push = 0, elements = 0;
-    for (int s : mine) {
+    int64_t fetch = 0, push = 0, others = 0;
+    for (int s = 0; s < units[u].num_shards; ++s) {
       const int64_t n = units[u].Slice(s).length;
+      if (std::find(mine.begin(), mine.end(), s) == mine.end()) {
+        others += EncodedBytes(weights, n);
+        continue;
+      }
       fetch += EncodedBytes(weights, n);
       push += EncodedBytes(grads, n);
-      elements += n;
     }
     // Fetched in forward, and again in backward unless kept or regathered.
     const int fetches = keep || regather || last ? 1 : 2;
@@ -322,9 +325,11 @@ absl::StatusOr<StepBytes> StepBytesOf(const PlanInput& input, int rank) {
     bytes.fetched += fetching_passes * fetches * fetch;
     bytes.pushed += pushes * push;
     if (g > 1) {
-      bytes.gathered += fetching_passes * gathers * FabricGatherBytesPerElement(input.encodings.weights) *
-                        (units[u].padded_numel() - elements);
-      bytes.reduced += pushes * 4 * (g - 1) * elements;
+      // The fabric carries the wire's encodings: the other members' slices
+      // as they were fetched, and every other member's part of this
+      // member's slices as they are pushed.
+      bytes.gathered += fetching_passes * gathers * others;
+      bytes.reduced += pushes * (g - 1) * push;
     }
   }
   return bytes;

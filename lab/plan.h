@@ -139,8 +139,8 @@ struct TrainerMemory {
 struct StepBytes {
   int64_t fetched = 0;   ///< slow link, server to trainer (encoded slices)
   int64_t pushed = 0;    ///< slow link, trainer to server
-  int64_t gathered = 0;  ///< fabric, received by all-gathers (fp32)
-  int64_t reduced = 0;   ///< fabric, received by reduce-scatters (fp32)
+  int64_t gathered = 0;  ///< fabric, received by all-gathers (in the weights' encoding)
+  int64_t reduced = 0;   ///< fabric, received by reduce-scatters (in the gradients' encoding)
 };
 
 /// The predicted times of one step (seconds).

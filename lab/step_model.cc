@@ -147,11 +147,11 @@ class StepSimulation {
   }
 
   // Seconds of one fabric collective over `unit`: each member receives
-  // (G-1)/G of it, `bytes_per_element` each (the weights' all-gather: 2
-  // for bf16, FabricGatherBytesPerElement; the reduce-scatter: fp32, 4).
-  double Collective(int unit, int bytes_per_element) const {
+  // (G-1)/G of it in `format` (the weights' all-gather in the weights'
+  // encoding, the reduce-scatter in the gradients').
+  double Collective(int unit, const WireFormat& format) const {
     if (members_ < 2) return 0.0;
-    const double bytes = bytes_per_element * static_cast<double>(units_[unit].padded_numel()) * (members_ - 1) /
+    const double bytes = FabricBytesPerElement(format) * static_cast<double>(units_[unit].padded_numel()) * (members_ - 1) /
                          members_;
     return in_.fabric.Seconds(bytes) + absl::ToDoubleSeconds(in_.fabric.latency) * (members_ - 1);
   }
@@ -202,13 +202,13 @@ class StepSimulation {
     while (issued_ < schedule.size() && issued_ <= last) Issue(schedule[issued_++]);
     const double begin = t_;
     t_ = std::max(t_, fetch_ready_[p]);
-    if (members_ > 1) t_ += Collective(schedule[p], FabricGatherBytesPerElement(in_.encodings.weights));
+    if (members_ > 1) t_ += Collective(schedule[p], in_.encodings.weight_format());
     busy_.Add(begin, t_);
   }
 
   void Push(int unit) {
     const double begin = t_;
-    t_ += Collective(unit, 4);  // the group's reduce-scatter, on this thread
+    t_ += Collective(unit, in_.encodings.grad_format());  // the group's reduce-scatter, on this thread
     busy_.Add(begin, t_);
     const double acked = Move(t_, unit, in_.encodings.grad_format(), /*down=*/false);
     busy_.Add(t_, acked);
@@ -238,7 +238,7 @@ class StepSimulation {
       if (!keep && u < k - 1) {
         if (regather) {
           const double begin = t_;
-          t_ += Collective(u, FabricGatherBytesPerElement(in_.encodings.weights));
+          t_ += Collective(u, in_.encodings.weight_format());
           busy_.Add(begin, t_);
         } else {
           Get(position++, schedule);

@@ -41,7 +41,7 @@ absl::StatusOr<std::shared_ptr<UnitTransfer>> Prefetcher::Get(size_t i) {
     const UnitPartition& p = client_->layout().partitions[schedule_[i]];
     const GroupOwnership owned = ShardOwnership(p, group_->size());
     absl::StatusOr<int64_t> gathered =
-        AllGatherWeights(*group_, t->values(), owned, client_->options().encodings.weights);
+        AllGatherWeights(*group_, t->values(), owned, client_->options().encodings.weight_format());
     log_->busy.Add(gather_start, absl::Now());
     s = gathered.status();
     if (s.ok()) log_->fabric_gathered += *gathered;

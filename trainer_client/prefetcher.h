@@ -24,7 +24,7 @@ struct TransferLog {
   int64_t bytes_pushed = 0;
   int64_t payload_fetched = 0;  ///< UnitTransfer::payload_bytes
   int64_t payload_pushed = 0;
-  /// Received from the fabric group's other members (fp32 unit parts).
+  /// Received from the fabric group's other members (unit parts, encoded).
   int64_t fabric_gathered = 0;
   int64_t fabric_reduced = 0;
 };

@@ -549,6 +549,15 @@ std::shared_ptr<UnitTransfer> ShardClient::StartPush(int unit, int64_t step, std
   return transfer;
 }
 
+std::span<float> ShardClient::GroupResidual(int unit) {
+  if (!options_.error_feedback || !options_.encodings.grad_format().quantized()) return {};
+  absl::MutexLock lock(&residual_mu_);
+  residuals_.resize(layout_.partitions.size());
+  std::vector<float>& residual = residuals_[unit];
+  if (residual.empty()) residual.assign(layout_.partitions[unit].padded_numel(), 0.0f);
+  return residual;
+}
+
 int64_t ShardClient::residual_bytes() const {
   absl::MutexLock lock(&residual_mu_);
   int64_t bytes = 0;

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -203,6 +204,13 @@ class ShardClient {
 
   /// Host memory the error-feedback residuals take (0 without them).
   int64_t residual_bytes() const;
+
+  /// The error-feedback residual of `unit` (its padded length) for this
+  /// trainer's part of the slices that other members of its fabric group
+  /// push (ReduceScatterGradients): empty without error feedback or without
+  /// quantized gradients. Those slices' elements are the caller's alone
+  /// (StartPush touches the slices it pushes); valid as long as this client.
+  std::span<float> GroupResidual(int unit);
 
   /// Reads a unit's fp32 master weights from every shard (unpadded).
   /// With `version`, waits (up to the RPC deadline) until the unit is

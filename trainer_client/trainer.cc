@@ -316,7 +316,7 @@ absl::StatusOr<std::vector<float>> Trainer::Regather(int unit, const std::vector
   std::vector<float> buffer(static_cast<size_t>(p.padded_numel()), 0.0f);
   UnpackRanges(part.data(), owned[group->rank()], buffer);
   absl::StatusOr<int64_t> gathered =
-      AllGatherWeights(*group, buffer, owned, client_->options().encodings.weights);
+      AllGatherWeights(*group, buffer, owned, client_->options().encodings.weight_format());
   const absl::Time t1 = absl::Now();
   log->busy.Add(t0, t1);
   log->waits.Add(t0, t1);
@@ -334,8 +334,10 @@ absl::Status Trainer::PushUnit(int unit, int64_t step, int micro, std::vector<fl
   push.micro_batch = micro;
   if (GroupCollective* group = options_.group; group != nullptr) {
     const GroupOwnership owned = ShardOwnership(client_->layout().partitions[unit], group->size());
-    RETURN_IF_ERROR(group->ReduceScatter(grads, owned));
-    log->fabric_reduced += 4 * (group->size() - 1) * RangeElements(owned[group->rank()]);
+    ASSIGN_OR_RETURN(const int64_t reduced,
+                     ReduceScatterGradients(*group, grads, owned, client_->options().encodings.grad_format(),
+                                            client_->GroupResidual(unit)));
+    log->fabric_reduced += reduced;
     push.first_rank = rank() - group->rank();
     push.rank_count = group->size();
     push.shards = MemberShards(client_->job().num_shards, group->size(), group->rank());

@@ -189,7 +189,7 @@ class Session {
     absl::StatusOr<int64_t> gathered;
     {
       py::gil_scoped_release unlocked;
-      gathered = AllGatherWeights(*group_, values, owned, client_->options().encodings.weights);
+      gathered = AllGatherWeights(*group_, values, owned, client_->options().encodings.weight_format());
     }
     AddWait(start, absl::Now());
     if (!gathered.ok()) Raise(gathered.status());
@@ -246,16 +246,17 @@ class Session {
       // collective, in the order every member pushes).
       const GroupOwnership owned = ShardOwnership(client_->layout().partitions[unit], group_->size());
       const absl::Time start = absl::Now();
-      absl::Status s;
+      absl::StatusOr<int64_t> reduced;
       {
         py::gil_scoped_release unlocked;
-        s = group_->ReduceScatter(values, owned);
+        reduced = ReduceScatterGradients(*group_, values, owned, client_->options().encodings.grad_format(),
+                                         client_->GroupResidual(unit));
       }
       AddWait(start, absl::Now());
-      if (!s.ok()) Raise(s);
+      if (!reduced.ok()) Raise(reduced.status());
       {
         absl::MutexLock lock(&mu_);
-        fabric_reduced_ += 4 * (group_->size() - 1) * RangeElements(owned[group_->rank()]);
+        fabric_reduced_ += *reduced;
       }
       push.first_rank = client_->options().trainer_rank - group_->rank();
       push.rank_count = group_->size();

@@ -126,10 +126,12 @@ INSTANTIATE_TEST_SUITE_P(HostGroups, FabricGroupTest,
                                                c.accumulate ? "_accumulate" : "_push_every");
                          });
 
-// Quantized gradients in fabric groups: the members sum in fp32, and each
-// slice is quantized once, carrying its residual, by the member that pushes
-// it; the reference does the same (and int8 weights are fetched by each
-// member for its own shards, then all-gathered decoded).
+// Quantized gradients in fabric groups: each member quantizes its part of
+// the other members' slices (with its residual of them) for the group's
+// reduce-scatter, the owner sums, and quantizes each slice of the sum once
+// more, carrying its residual, to push it; the reference does the same (and
+// int8 weights are fetched by each member for its own shards, then
+// all-gathered as int8 blocks that decode to the same bits).
 class FabricGroupQuantizedTest : public ::testing::TestWithParam<std::tuple<GroupCase, std::string>> {};
 
 TEST_P(FabricGroupQuantizedTest, GroupedEqualsTheReferenceBitForBit) {
@@ -143,7 +145,7 @@ TEST_P(FabricGroupQuantizedTest, GroupedEqualsTheReferenceBitForBit) {
                                     c.group_size);
     ASSERT_TRUE(reference.ok()) << reference.status();
     EXPECT_TRUE(BitIdentical(grouped, *reference));
-    // Quantizing each member's gradient before the group sums would differ.
+    // The group's roundings are not those of trainers pushing alone.
     auto ungrouped = TrainReference(job, encodings, Tiny(), TestCorpus(), kSteps);
     ASSERT_TRUE(ungrouped.ok());
     EXPECT_FALSE(BitIdentical(*reference, *ungrouped));

@@ -227,11 +227,11 @@ INSTANTIATE_TEST_SUITE_P(AllTransports, LeverBytesTest,
 //   fetched   Σ_u c_u · Σ_{s∈S_m} E_w(u, s), c_u = 2 for all units but the
 //             last, or 1 for all with the secondary shard;
 //   pushed    Σ_u Σ_{s∈S_m} E_g(u, s);
-//   gathered  Σ_u c'_u · b · (Ψ_u − Σ_{s∈S_m} n(u, s)), c'_u = 2 for all
-//             units but the last, with or without the secondary shard;
-//             b = 2 when the weights travel as bf16 (the fabric moves them
-//             as bf16 too), 4 otherwise;
-//   reduced   Σ_u 4 · (G − 1) · Σ_{s∈S_m} n(u, s).
+//   gathered  Σ_u c'_u · Σ_{s∉S_m} E_w(u, s), c'_u = 2 for all units but
+//             the last, with or without the secondary shard (the fabric
+//             moves the other members' slices encoded as they were fetched);
+//   reduced   Σ_u (G − 1) · Σ_{s∈S_m} E_g(u, s) (each other member hands
+//             over its part of this member's slices encoded as pushed).
 struct GroupLeverCase {
   std::string name;
   WireEncodings encodings;
@@ -264,18 +264,22 @@ TEST_P(GroupLeverBytesTest, EachMemberMovesItsShareOverEachLink) {
     int64_t fetched = 0, pushed = 0, gathered = 0, reduced = 0;
     for (size_t u = 0; u < units.size(); ++u) {
       const bool last = u + 1 == units.size();
-      int64_t fetch_bytes = 0, push_bytes = 0, elements = 0;
-      for (int s : mine) {
+      // The fabric carries the slices as the wire does: the other members'
+      // as fetched, every other member's part of this member's as pushed.
+      int64_t fetch_bytes = 0, push_bytes = 0, others_bytes = 0;
+      for (int s = 0; s < kShards; ++s) {
         const int64_t n = units[u].Slice(s).length;
+        if (std::find(mine.begin(), mine.end(), s) == mine.end()) {
+          others_bytes += SliceBytes(c.encodings.weight_format(), n);
+          continue;
+        }
         fetch_bytes += SliceBytes(c.encodings.weight_format(), n);
         push_bytes += SliceBytes(c.encodings.grad_format(), n);
-        elements += n;
       }
       fetched += (c.secondary_shard > 0 || last ? 1 : 2) * fetch_bytes;
       pushed += push_bytes;
-      const int gather_bytes = c.encodings.weights == WireEncoding::kBf16 ? 2 : 4;
-      gathered += (last ? 1 : 2) * gather_bytes * (units[u].padded_numel() - elements);
-      reduced += 4 * (kGroup - 1) * elements;
+      gathered += (last ? 1 : 2) * others_bytes;
+      reduced += (kGroup - 1) * push_bytes;
     }
     const absl::StatusOr<StepBytes> planned = StepBytesOf(PlanInputOf(job, how.trainer, c.encodings, kGroup), r);
     ASSERT_TRUE(planned.ok()) << planned.status();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/reduction_tree.h"
@@ -92,7 +93,9 @@ absl::Status ReferenceTraining::Step(int64_t step) {
   for (size_t u = 0; u < units; ++u) {
     const WireFormat format = encoding_.grad_format();
     std::vector<float> scratch;
-    auto pushed = [&](int rank, std::vector<float> v) {  // what one push of trainer `rank` carries
+    // What the pushes of the group whose first rank is `first` carry: slice
+    // s is pushed by member s % G, with that member's residual.
+    auto pushed = [&](int first, std::vector<float> v) {
       if (!format.quantized()) {
         RoundTripBySlice(format, u, v);
         for (float x : v) non_finite = non_finite || !std::isfinite(x);
@@ -101,6 +104,7 @@ absl::Status ReferenceTraining::Step(int64_t step) {
       for (int s = 0; s < job_.num_shards; ++s) {
         const SliceRange slice = layout_.partitions[u].Slice(s);
         const std::span<float> part(v.data() + slice.begin, slice.length);
+        const int rank = first + s % group_size_;
         const std::span<float> residual =
             error_feedback_ ? std::span<float>(residual_[rank][u].data() + slice.begin, slice.length)
                             : std::span<float>();
@@ -112,12 +116,35 @@ absl::Status ReferenceTraining::Step(int64_t step) {
       }
       return v;
     };
+    // What member `member` (trainer `rank`) of a fabric group hands to the
+    // group's sum: its own slices as they are, every other member's slices
+    // in the gradients' encoding (quantized with its residual of them; a
+    // slice that is not finite arrives as NaN).
+    auto handed = [&](int rank, int member, std::vector<float> v) {
+      if (group_size_ == 1 || format.encoding() == WireEncoding::kFp32) return v;
+      for (int s = 0; s < job_.num_shards; ++s) {
+        if (s % group_size_ == member) continue;
+        const SliceRange slice = layout_.partitions[u].Slice(s);
+        const std::span<float> part(v.data() + slice.begin, slice.length);
+        const std::span<float> residual =
+            error_feedback_ && format.quantized()
+                ? std::span<float>(residual_[rank][u].data() + slice.begin, slice.length)
+                : std::span<float>();
+        if (!QuantizeWithFeedback(format, part, residual, &scratch)) {
+          std::fill(part.begin(), part.end(), std::numeric_limits<float>::quiet_NaN());
+          continue;
+        }
+        RoundTripInPlace(format, part);
+      }
+      return v;
+    };
     // Each fabric group's members' gradients (each rank alone without
-    // groups), summed in fp32 in the tree's order and pushed once.
+    // groups), summed in the tree's order and pushed once.
     auto pushed_by_groups = [&](std::vector<std::vector<float>> per_rank) {
       std::vector<std::vector<float>> per_group;
       for (int first = 0; first < ranks; first += group_size_) {
-        std::vector<std::vector<float>> members(per_rank.begin() + first, per_rank.begin() + first + group_size_);
+        std::vector<std::vector<float>> members;
+        for (int m = 0; m < group_size_; ++m) members.push_back(handed(first + m, m, std::move(per_rank[first + m])));
         per_group.push_back(pushed(first, group_size_ == 1 ? std::move(members[0]) : TreeSum(std::move(members))));
       }
       return TreeSum(std::move(per_group));

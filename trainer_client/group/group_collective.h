@@ -49,6 +49,13 @@ class GroupCollective {
   /// canonical tree order of member index (common/reduction_tree.h). Other
   /// ranges are unspecified.
   virtual absl::Status ReduceScatter(std::span<float> buffer, const GroupOwnership& owned) = 0;
+
+  /// All-to-all: hands `outgoing[m]` to every other member m and returns
+  /// what each member m handed this one (`expected[m]` elements; this
+  /// member's own entry empty). Elements are copied, never computed on, so
+  /// they may carry any bits (encoded bytes, four to an element).
+  virtual absl::StatusOr<std::vector<std::vector<float>>> Exchange(const std::vector<std::vector<float>>& outgoing,
+                                                                   const std::vector<int64_t>& expected) = 0;
 };
 
 /// How the members of a group that are separate processes find each other:
@@ -66,19 +73,33 @@ void UnpackRanges(const float* in, const std::vector<ElementRange>& ranges, std:
 /// inside a buffer of `buffer_size` elements (the collectives' precondition).
 absl::Status CheckOwnership(int64_t buffer_size, const GroupOwnership& owned, int group_size);
 
-/// Bytes per element the fabric all-gather of weights that travelled in
-/// `weights` moves: 2 for bf16 (the values are bf16's, exactly), 4 for the
-/// others (int8 blocks are all-gathered decoded, as fp32).
-int FabricGatherBytesPerElement(WireEncoding weights);
+/// Bytes per element of `format` over a long run of elements (a block's
+/// scale spread over its elements): what a fabric collective moves per
+/// element of the ranges it carries.
+double FabricBytesPerElement(const WireFormat& format);
 
 /// AllGather of a unit's weights as they arrived from the servers in
-/// `weights`: bf16 values move as bf16 (half the fabric bytes; every
-/// member ends with the same bits as a plain AllGather), others as fp32.
-/// Internal error when this member's values are not exact in bf16 (they
-/// must be decoded bf16). Returns the payload bytes this member received:
-/// FabricGatherBytesPerElement × the elements of the other members' ranges.
+/// `weights`: bf16 and int8 values cross the fabric encoded (each range
+/// coded again so that it decodes to the same bits, a range being a slice
+/// whose blocks start at its first element), fp32 as itself; every member
+/// ends with the bits a plain AllGather gives. Internal error when this
+/// member's values are not a decode of `weights`. Returns the payload bytes
+/// this member received: the encoded bytes of the other members' ranges.
 absl::StatusOr<int64_t> AllGatherWeights(GroupCollective& group, std::span<float> buffer, const GroupOwnership& owned,
-                                         WireEncoding weights);
+                                         const WireFormat& weights);
+
+/// ReduceScatter of a unit's gradients in the encoding they are pushed in:
+/// each member encodes its contribution to every other member's ranges in
+/// `grads` (int8 and int4 after adding this member's error-feedback
+/// `residual` for that range, a unit-sized buffer or empty for none, which
+/// keeps what the encoding took off), and each member sums, range by range
+/// in member order (the canonical tree), the others' decoded contributions
+/// and its own. fp32 is a plain ReduceScatter. A contribution that is not
+/// finite arrives as NaN, so that the sum says so. Returns the payload bytes
+/// this member received.
+absl::StatusOr<int64_t> ReduceScatterGradients(GroupCollective& group, std::span<float> buffer,
+                                               const GroupOwnership& owned, const WireFormat& grads,
+                                               std::span<float> residual);
 
 /// Shard s is fetched and pushed by member s % group_size: the ranges of
 /// each member in a unit with that partition.

@@ -17,12 +17,17 @@ namespace {
 // then waits again so that no buffer changes while another member reads it.
 class Rendezvous {
  public:
-  Rendezvous(int size, absl::Duration timeout) : size_(size), timeout_(timeout), buffers_(size) {}
+  using Parts = std::vector<std::vector<float>>;
+
+  Rendezvous(int size, absl::Duration timeout) : size_(size), timeout_(timeout), buffers_(size), outgoing_(size) {}
 
   /// Phase barrier: returns once all members arrived at this `generation`.
-  absl::Status Arrive(int member, int64_t generation, std::span<float> buffer, const char* what) {
+  /// Publishes `buffer` (or `outgoing`, an exchange's parts) when given.
+  absl::Status Arrive(int member, int64_t generation, std::span<float> buffer, const char* what,
+                      const Parts* outgoing = nullptr) {
     absl::MutexLock lock(&mu_);
     if (buffer.data() != nullptr) buffers_[member] = buffer;
+    if (outgoing != nullptr) outgoing_[member] = outgoing;
     arrived_[generation].push_back(member);
     const absl::Time deadline = absl::Now() + timeout_;
     auto all_here = [this, generation] { return static_cast<int>(arrived_[generation].size()) >= size_; };
@@ -49,11 +54,17 @@ class Rendezvous {
     return buffers_[member];
   }
 
+  const Parts& outgoing(int member) {
+    absl::MutexLock lock(&mu_);
+    return *outgoing_[member];
+  }
+
  private:
   const int size_;
   const absl::Duration timeout_;
   absl::Mutex mu_;
   std::vector<std::span<float>> buffers_ ABSL_GUARDED_BY(mu_);
+  std::vector<const Parts*> outgoing_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<int>> arrived_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, int> left_ ABSL_GUARDED_BY(mu_);
 };
@@ -99,6 +110,32 @@ class HostGroupMember final : public GroupCollective {
       std::memcpy(buffer.data() + owned[rank_][i].begin, sums[i].data(), sums[i].size() * sizeof(float));
     }
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::vector<float>>> Exchange(const std::vector<std::vector<float>>& outgoing,
+                                                           const std::vector<int64_t>& expected) override {
+    if (static_cast<int>(outgoing.size()) != size_ || static_cast<int>(expected.size()) != size_) {
+      return absl::InvalidArgumentError(absl::StrCat("fabric group exchange: parts for ", outgoing.size(),
+                                                     " members and sizes for ", expected.size(), "; the group has ",
+                                                     size_));
+    }
+    const int64_t call = calls_++;
+    if (absl::Status s = rendezvous_->Arrive(rank_, 2 * call, {}, "exchange", &outgoing); !s.ok()) return s;
+    std::vector<std::vector<float>> received(size_);
+    absl::Status status;
+    for (int m = 0; m < size_; ++m) {
+      if (m == rank_) continue;
+      const std::vector<float>& theirs = rendezvous_->outgoing(m)[rank_];
+      if (static_cast<int64_t>(theirs.size()) != expected[m] && status.ok()) {
+        status = absl::InternalError(absl::StrCat("fabric group exchange: member ", m, " handed ", theirs.size(),
+                                                  " elements to member ", rank_, ", which expected ", expected[m]));
+      }
+      received[m] = theirs;
+    }
+    // Others may still read this member's parts: leave only when they are done.
+    if (absl::Status s = rendezvous_->Arrive(rank_, 2 * call + 1, {}, "exchange"); !s.ok()) return s;
+    if (!status.ok()) return status;
+    return received;
   }
 
  private:

@@ -75,6 +75,53 @@ class NcclGroupMember final : public GroupCollective {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::vector<std::vector<float>>> Exchange(const std::vector<std::vector<float>>& outgoing,
+                                                           const std::vector<int64_t>& expected) override {
+    if (static_cast<int>(outgoing.size()) != size_ || static_cast<int>(expected.size()) != size_) {
+      return absl::InvalidArgumentError(absl::StrCat("NCCL group exchange: parts for ", outgoing.size(),
+                                                     " members and sizes for ", expected.size(), "; the group has ",
+                                                     size_));
+    }
+    std::vector<int64_t> send_at(size_ + 1, 0), recv_at(size_ + 1, 0);
+    for (int m = 0; m < size_; ++m) {
+      send_at[m + 1] = send_at[m] + (m == rank_ ? 0 : static_cast<int64_t>(outgoing[m].size()));
+      recv_at[m + 1] = recv_at[m] + (m == rank_ ? 0 : expected[m]);
+    }
+    if (absl::Status s = Reserve(std::max<int64_t>(send_at[size_], 1), std::max<int64_t>(recv_at[size_], 1)); !s.ok()) {
+      return s;
+    }
+    std::vector<float> packed(send_at[size_]);
+    for (int m = 0; m < size_; ++m) {
+      if (m != rank_) std::copy(outgoing[m].begin(), outgoing[m].end(), packed.begin() + send_at[m]);
+    }
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(send_, packed.data(), packed.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                         stream_));
+    // Point-to-point pairs in one group call: NCCL's all-to-all. The group
+    // is always closed, whatever a send or receive returned.
+    PSHARD_NCCL(ncclGroupStart());
+    absl::Status posted;
+    for (int m = 0; m < size_ && posted.ok(); ++m) {
+      if (m == rank_) continue;
+      if (!outgoing[m].empty()) {
+        posted = NcclStatus("ncclSend", ncclSend(send_ + send_at[m], outgoing[m].size(), ncclFloat32, m, comm_, stream_));
+      }
+      if (posted.ok() && expected[m] > 0) {
+        posted = NcclStatus("ncclRecv", ncclRecv(recv_ + recv_at[m], expected[m], ncclFloat32, m, comm_, stream_));
+      }
+    }
+    PSHARD_NCCL(ncclGroupEnd());
+    if (!posted.ok()) return posted;
+    std::vector<float> all(recv_at[size_]);
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all.data(), recv_, all.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    std::vector<std::vector<float>> received(size_);
+    for (int m = 0; m < size_; ++m) {
+      if (m != rank_) received[m].assign(all.begin() + recv_at[m], all.begin() + recv_at[m + 1]);
+    }
+    return received;
+  }
+
  private:
   static int64_t LongestPart(const GroupOwnership& owned) {
     int64_t longest = 0;

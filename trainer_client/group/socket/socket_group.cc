@@ -25,9 +25,19 @@ namespace {
 constexpr uint32_t kHelloMagic = 0x70734731;  // "psG1"
 constexpr uint32_t kFrameMagic = 0x70734746;  // "psGF"
 
-enum class Op : uint32_t { kAllGather = 1, kReduceScatter = 2 };
+enum class Op : uint32_t { kAllGather = 1, kReduceScatter = 2, kExchange = 3 };
 
-const char* OpName(Op op) { return op == Op::kAllGather ? "all-gather" : "reduce-scatter"; }
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kAllGather:
+      return "all-gather";
+    case Op::kReduceScatter:
+      return "reduce-scatter";
+    case Op::kExchange:
+      return "exchange";
+  }
+  return "unknown";
+}
 
 struct Hello {
   uint32_t magic = kHelloMagic;
@@ -195,7 +205,7 @@ class SocketGroupMember final : public GroupCollective {
     if (absl::Status s = Check(buffer, owned); !s.ok()) return s;
     const std::vector<float> mine = Pack(buffer, owned[rank_]);
     std::vector<std::vector<float>> received;
-    if (absl::Status s = Exchange(Op::kAllGather, [&](int) -> const std::vector<float>& { return mine; },
+    if (absl::Status s = Transfer(Op::kAllGather, [&](int) -> const std::vector<float>& { return mine; },
                                   [&](int peer) { return RangeElements(owned[peer]); }, &received);
         !s.ok()) {
       return s;
@@ -214,7 +224,7 @@ class SocketGroupMember final : public GroupCollective {
     }
     std::vector<std::vector<float>> received;
     const int64_t mine = RangeElements(owned[rank_]);
-    if (absl::Status s = Exchange(Op::kReduceScatter,
+    if (absl::Status s = Transfer(Op::kReduceScatter,
                                   [&](int peer) -> const std::vector<float>& { return outgoing[peer]; },
                                   [&](int) { return mine; }, &received);
         !s.ok()) {
@@ -235,6 +245,22 @@ class SocketGroupMember final : public GroupCollective {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<std::vector<std::vector<float>>> Exchange(const std::vector<std::vector<float>>& outgoing,
+                                                           const std::vector<int64_t>& expected) override {
+    if (static_cast<int>(outgoing.size()) != size() || static_cast<int>(expected.size()) != size()) {
+      return absl::InvalidArgumentError(absl::StrCat("fabric group exchange: parts for ", outgoing.size(),
+                                                     " members and sizes for ", expected.size(), "; the group has ",
+                                                     size()));
+    }
+    std::vector<std::vector<float>> received;
+    if (absl::Status s = Transfer(Op::kExchange, [&](int peer) -> const std::vector<float>& { return outgoing[peer]; },
+                                  [&](int peer) { return expected[peer]; }, &received);
+        !s.ok()) {
+      return s;
+    }
+    return received;
+  }
+
  private:
   static std::vector<float> Pack(std::span<const float> buffer, const std::vector<ElementRange>& ranges) {
     std::vector<float> out(RangeElements(ranges));
@@ -247,7 +273,7 @@ class SocketGroupMember final : public GroupCollective {
   // Sends outgoing(peer) to every peer (each on its own thread) while
   // receiving expected(peer) floats from each, in member order.
   template <typename Outgoing, typename Expected>
-  absl::Status Exchange(Op op, Outgoing outgoing, Expected expected, std::vector<std::vector<float>>* received) {
+  absl::Status Transfer(Op op, Outgoing outgoing, Expected expected, std::vector<std::vector<float>>* received) {
     const uint64_t call = calls_++;
     const absl::Time deadline = absl::Now() + timeout_;
     const std::string context = absl::StrCat("fabric group ", OpName(op), " (call ", call, ", member ", rank_, ")");
