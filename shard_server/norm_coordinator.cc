@@ -23,6 +23,21 @@ StepNorm NormCoordinator::Sum(const Round& round) {
   return total;
 }
 
+std::vector<int> NormCoordinator::MissingFrom(const Round& round) {
+  std::vector<int> shards;
+  if (round.total) return shards;
+  for (int s = 0; s < static_cast<int>(round.partials.size()); ++s) {
+    if (!round.partials[s]) shards.push_back(s);
+  }
+  return shards;
+}
+
+std::vector<int> NormCoordinator::Missing(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  auto it = rounds_.find(step);
+  return it == rounds_.end() ? std::vector<int>() : MissingFrom(it->second);
+}
+
 void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, absl::Time deadline,
                              std::function<void(absl::StatusOr<StepNorm>)> done) {
   auto waiter = std::make_shared<OneShotWaiter>([done = std::move(done), this, step](absl::Status s) {
@@ -59,11 +74,7 @@ void NormCoordinator::Report(int64_t step, int shard, const StepNorm& partial, a
           // unfinished (older than kRoundsKept completed steps) has not.
           if (it != rounds_.end()) {
             if (it->second.total) return;  // completed meanwhile
-            std::vector<int> shards;
-            for (int s = 0; s < num_shards_; ++s) {
-              if (!it->second.partials[s]) shards.push_back(s);
-            }
-            missing = absl::StrJoin(shards, ",");
+            missing = absl::StrJoin(MissingFrom(it->second), ",");
           }
         }
         waiter->Fire(absl::DeadlineExceededError(absl::StrCat(

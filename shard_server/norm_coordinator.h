@@ -41,6 +41,9 @@ class NormCoordinator {
   /// Drops the rounds of `step` and later (shard 0 rolled back to `step`):
   /// their waiting reports end with Aborted, and the rounds start afresh.
   void ForgetFrom(int64_t step);
+  /// The shards whose partial for `step` has not come, while its round is
+  /// open (empty once it completed, or before anyone reported).
+  std::vector<int> Missing(int64_t step);
 
  private:
   struct Round {
@@ -49,6 +52,7 @@ class NormCoordinator {
     std::optional<StepNorm> total;
   };
   static StepNorm Sum(const Round& round);
+  static std::vector<int> MissingFrom(const Round& round);
 
   const int num_shards_;
   absl::Mutex mu_;

@@ -35,7 +35,7 @@ namespace pshard {
 struct ShardServer::Impl {
   std::unique_ptr<ServerMetrics> metrics;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
-  std::unique_ptr<NormCoordinator> coordinator;  // shard 0 only
+  std::shared_ptr<NormCoordinator> coordinator;  // shard 0 only
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub;  // other shards
   std::unique_ptr<CallerAuthenticator> authenticator;
   SessionTokens tokens;
@@ -310,7 +310,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   if (!spec.metrics_address.empty()) {
     ASSIGN_OR_RETURN(impl.metrics_server, metrics::MetricsServer::Start(spec.metrics_address, &server->registry_));
   }
-  if (spec.shard_index == 0) impl.coordinator = std::make_unique<NormCoordinator>(spec.job.num_shards);
+  if (spec.shard_index == 0) {
+    impl.coordinator = std::make_shared<NormCoordinator>(spec.job.num_shards);
+    server->state_->SetNormWaitDescription([weak = std::weak_ptr<NormCoordinator>(impl.coordinator)](int64_t step) {
+      const std::shared_ptr<NormCoordinator> coordinator = weak.lock();
+      const std::vector<int> missing = coordinator ? coordinator->Missing(step) : std::vector<int>();
+      return missing.empty() ? std::string()
+                             : absl::StrCat("no partial norm yet from shard(s) ", absl::StrJoin(missing, ","));
+    });
+  } else {
+    server->state_->SetNormWaitDescription(
+        [](int64_t) { return std::string("waiting for the total from shard 0, the coordinator"); });
+  }
   ShardServiceImpl::Options options;
   if (impl.metrics_server) options.metrics_address = impl.metrics_server->address();
   options.fetch_wait_limit = spec.fetch_wait_limit;

@@ -608,29 +608,34 @@ std::vector<int> ShardState::MissingTrainers() const {
 }
 
 std::string ShardState::DescribeWait() const {
-  absl::MutexLock lock(&step_mu_);
-  const int64_t seconds = absl::ToInt64Seconds(absl::Now() - step_started_);
+  int64_t step = 0, seconds = 0;
   std::map<int, std::vector<int>> missing;  // trainer -> units
-  for (int unit = 0; unit < num_units(); ++unit) {
-    for (int t = 0; t < job_.num_trainers; ++t) {
-      for (const std::vector<char>& slot : units_[unit]->received) {
-        if (!slot[t]) {
-          missing[t].push_back(unit);
-          break;
+  {
+    absl::MutexLock lock(&step_mu_);
+    step = step_;
+    seconds = absl::ToInt64Seconds(absl::Now() - step_started_);
+    for (int unit = 0; unit < num_units(); ++unit) {
+      for (int t = 0; t < job_.num_trainers; ++t) {
+        for (const std::vector<char>& slot : units_[unit]->received) {
+          if (!slot[t]) {
+            missing[t].push_back(unit);
+            break;
+          }
         }
       }
     }
   }
   if (missing.empty()) {
-    return absl::StrCat("shard ", shard_index_, ", step ", step_,
+    const std::string whom = norm_wait_ ? norm_wait_(step) : std::string();
+    return absl::StrCat("shard ", shard_index_, ", step ", step,
                         ": all gradients received; agreeing on the global gradient norm with the "
-                        "other shards for ", seconds, " s");
+                        "other shards for ", seconds, " s", whom.empty() ? "" : absl::StrCat(" (", whom, ")"));
   }
   std::vector<std::string> parts;
   for (const auto& [trainer, units] : missing) {
     parts.push_back(absl::StrCat("trainer ", trainer, " (units ", absl::StrJoin(units, ","), ")"));
   }
-  return absl::StrCat("shard ", shard_index_, ", step ", step_, ": no gradient from ",
+  return absl::StrCat("shard ", shard_index_, ", step ", step, ": no gradient from ",
                       absl::StrJoin(parts, ", "), " for ", seconds, " s");
 }
 

@@ -167,6 +167,12 @@ class ShardState {
   std::pair<int64_t, std::vector<float>> ReadMaster(int unit, int64_t offset, int64_t count) const;
   /// What the current step still waits for, in words.
   std::string DescribeWait() const;
+  /// Words on whom the norm agreement of step `step` waits (e.g. "no partial
+  /// norm yet from shard(s) 1"), added to DescribeWait once every gradient
+  /// is in; empty when nothing more is known. Set before serving.
+  void SetNormWaitDescription(std::function<std::string(int64_t step)> describe) {
+    norm_wait_ = std::move(describe);
+  }
   /// The trainers from which some unit of the current step has no
   /// contribution yet, ascending.
   std::vector<int> MissingTrainers() const;
@@ -232,6 +238,7 @@ class ShardState {
   mutable absl::Mutex formats_mu_;
   std::vector<WireFormat> formats_ ABSL_GUARDED_BY(formats_mu_);
 
+  std::function<std::string(int64_t step)> norm_wait_;
   mutable absl::Mutex step_mu_;
   int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;
   int units_complete_ ABSL_GUARDED_BY(step_mu_) = 0;

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -67,6 +68,7 @@ struct UcxContext::Op {
   bool is_fetch = true;
   uint64_t id = 0;
   ucp_ep_h ep = nullptr;
+  std::shared_ptr<UcxContext::Health> health;  // the endpoint's
   absl::Duration timeout;
   std::string what;     // "fetch of unit 3 version 12 from shard 1 (host:port)"
   TransferDone done;
@@ -77,7 +79,7 @@ struct UcxContext::Op {
   FetchArgs fetch_args;
   float* dest = nullptr;
   bool receiving = false;  // rendezvous data is being written
-  bool expired = false;    // the deadline passed while receiving
+  bool expired = false;    // the deadline passed while receiving: the endpoint was closed
   uint32_t checksum = 0;
   std::vector<std::byte> staging;  // rendezvous bytes that do not fit in dest (tiny quantized slices)
   // push: the slice goes from the gradient itself (fp32) or from `encoded`
@@ -97,8 +99,7 @@ struct UcxContext::Op {
   // eager message, or `staging`; null when rendezvous put it in dest's
   // tail, or in dest itself for fp32), and ends the fetch.
   void FinishFetch(const void* bytes) {
-    if (expired) return Finish(absl::DeadlineExceededError(absl::StrCat(
-                         "no reply over UCX within ", absl::FormatDuration(timeout))));
+    if (expired) return Finish(StillArriving());
     const std::span<float> slice(dest, fetch_args.slice.length);
     const uint32_t crc =
         bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.format, slice, 0)
@@ -107,6 +108,13 @@ struct UcxContext::Op {
       return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
     }
     Finish(absl::OkStatus());
+  }
+  absl::Status NoReply() const {
+    return absl::DeadlineExceededError(absl::StrCat("no reply over UCX within ", absl::FormatDuration(timeout)));
+  }
+  absl::Status StillArriving() const {
+    return absl::DeadlineExceededError(absl::StrCat("the reply was still arriving over UCX after ",
+                                                    absl::FormatDuration(timeout), "; its endpoint was closed"));
   }
 };
 
@@ -140,6 +148,9 @@ std::shared_ptr<UcxContext::Op> UcxContext::Take(uint64_t id) {
 }
 
 void UcxContext::Start(std::shared_ptr<Op> op) {
+  if (op->health->closed) {  // closed since the transport checked
+    return op->Finish(absl::UnavailableError("the UCX endpoint to the server was closed: a reply outlived its deadline"));
+  }
   const uint64_t id = op->id;
   pending_[id] = op;
   timer_.Schedule(absl::Now() + op->timeout, [this, id] { worker_->Post([this, id] { Expire(id); }); });
@@ -156,13 +167,26 @@ void UcxContext::Start(std::shared_ptr<Op> op) {
 void UcxContext::Expire(uint64_t id) {
   auto it = pending_.find(id);
   if (it == pending_.end()) return;
-  if (it->second->receiving) {  // the data is landing in dest: let it finish
-    it->second->expired = true;
-    return;
+  std::shared_ptr<Op> op = it->second;
+  if (!op->receiving) {
+    Take(id);
+    return op->Finish(op->NoReply());
   }
-  std::shared_ptr<Op> op = Take(id);
-  op->Finish(absl::DeadlineExceededError(
-      absl::StrCat("no reply over UCX within ", absl::FormatDuration(op->timeout))));
+  // Announced, and queued behind another receive: nothing has landed yet.
+  auto queued = std::find_if(arrived_.begin(), arrived_.end(), [id](const Arrived& a) { return a.op->id == id; });
+  if (queued != arrived_.end()) {
+    ucp_am_data_release(worker_->worker(), queued->descriptor);
+    arrived_.erase(queued);
+    Take(id);
+    return op->Finish(op->NoReply());
+  }
+  // Its data is landing in dest, so only the end of its receive may end it;
+  // from a server that stopped mid-transfer that end never comes unless the
+  // endpoint is closed (forced), which ends the receive with an error.
+  op->expired = true;
+  CloseEndpoint(op->ep, *op->health,
+                absl::UnavailableError(absl::StrCat("the UCX endpoint to the server was closed: ", op->what,
+                                                    " was still arriving after its deadline")));
 }
 
 void UcxContext::Cancel(uint64_t id) {
@@ -173,11 +197,29 @@ void UcxContext::Cancel(uint64_t id) {
 }
 
 void UcxContext::FailEndpoint(ucp_ep_h ep, const absl::Status& status) {
+  // Queued receives have not started: their data is released, not awaited.
+  for (auto it = arrived_.begin(); it != arrived_.end();) {
+    if (it->op->ep != ep) {
+      ++it;
+      continue;
+    }
+    ucp_am_data_release(worker_->worker(), it->descriptor);
+    it->op->receiving = false;
+    it = arrived_.erase(it);
+  }
   std::vector<uint64_t> ids;
   for (const auto& [id, op] : pending_) {
     if (op->ep == ep && !op->receiving) ids.push_back(id);
   }
   for (uint64_t id : ids) Take(id)->Finish(status);
+}
+
+void UcxContext::CloseEndpoint(ucp_ep_h ep, Health& health, const absl::Status& status) {
+  if (health.closed) return;
+  health.closed = true;
+  health.failed = true;
+  FailEndpoint(ep, status);
+  ucx::CloseLater(ep);  // may end the receive in flight at once (OnFetchData)
 }
 
 void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, void* user_data) {
@@ -188,7 +230,7 @@ void UcxContext::OnFetchData(void* request, ucs_status_t status, size_t length, 
   if (request != nullptr) ucp_request_free(request);
   --self->receiving_;
   if (status != UCS_OK) {
-    op.Finish(PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
+    op.Finish(op.expired ? op.StillArriving() : PSHARD_UCX_ERROR("ucp_am_recv_data_nbx", status));
   } else {
     self->verifier_.Post([op = std::move(*holder)] {
       op->FinishFetch(op->staging.empty() ? nullptr : op->staging.data());
@@ -330,7 +372,7 @@ UcxTransport::~UcxTransport() {
   if (endpoint_.ep == nullptr) return;
   absl::Notification closed;
   const bool posted = spec_.context->worker_->Post([this, &closed] {
-    ucx::CloseNow(spec_.context->worker_->worker(), endpoint_.ep);
+    if (!health_->closed) ucx::CloseNow(spec_.context->worker_->worker(), endpoint_.ep);
     closed.Notify();
   });
   if (posted) closed.WaitForNotification();
@@ -438,6 +480,7 @@ void UcxTransport::StartOp(std::shared_ptr<UcxContext::Op> op) {
     return;
   }
   op->ep = endpoint_.ep;
+  op->health = health_;
   op->owner = spec_.context;
   UcxContext* context = spec_.context;
   std::shared_ptr<CancelScope> cancel = op->cancel;

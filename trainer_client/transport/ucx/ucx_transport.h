@@ -34,6 +34,13 @@ class UcxContext {
   ~UcxContext();
 
   struct Op;  // one request in flight (ucx_transport.cc)
+  /// The state of one transport's endpoint, shared by the transport, its
+  /// requests and the watch of its control channel.
+  struct Health {
+    std::atomic<bool> failed{false};  // the connection failed: new ops fail at once
+    bool was_ready = false;           // the control channel was ready once (timer thread only)
+    bool closed = false;              // the context closed the endpoint (progress thread only)
+  };
 
  private:
   friend struct Op;
@@ -44,8 +51,15 @@ class UcxContext {
   void Expire(uint64_t id);
   /// Ends a pending op with Cancelled (its CancelScope was cancelled).
   void Cancel(uint64_t id);
-  /// Ends every pending op on `ep` (whose connection failed) with `status`.
+  /// Ends every pending op on `ep` (whose connection failed) with `status`,
+  /// but those whose data is landing in their destination: the end of the
+  /// receive ends them.
   void FailEndpoint(ucp_ep_h ep, const absl::Status& status);
+  /// Fails `ep` (FailEndpoint) and closes it, forced, which ends the
+  /// receives in flight on it with an error: the only way to end a receive
+  /// from a server that stopped mid-transfer. Once per endpoint; the
+  /// transport then no longer closes it.
+  void CloseEndpoint(ucp_ep_h ep, Health& health, const absl::Status& status);
   std::shared_ptr<Op> Take(uint64_t id);
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data, size_t length,
                               const ucp_am_recv_param_t* param);
@@ -112,11 +126,7 @@ class UcxTransport final : public Transport {
   /// UCX's error callback of the endpoint (progress thread).
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static constexpr absl::Duration kControlChannelCheck = absl::Milliseconds(100);
-  // Whether the link failed, shared with the watch of the control channel.
-  struct Health {
-    std::atomic<bool> failed{false};  // the connection failed: new ops fail at once
-    bool was_ready = false;           // the control channel was ready once (timer thread only)
-  };
+  using Health = UcxContext::Health;
   /// On the context's timer: checks the control channel, and fails the
   /// link or checks again soon. Ends with the transport.
   static void WatchControlChannel(std::weak_ptr<Health> health, UcxContext* context, ucp_ep_h ep,
