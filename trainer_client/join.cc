@@ -70,6 +70,15 @@ grpc::ChannelArguments ServerChannelArguments(int max_receive_bytes) {
   // drops an idle one after 30 minutes): a UCX link over shared memory takes
   // its channel's disconnection as its server's death.
   args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, std::numeric_limits<int>::max());
+  // Each channel its own connection: a rejoin starts on a fresh one rather
+  // than on the connection (and its reconnect state) of the client it
+  // dropped, and clients in one process do not share one.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // No transparent retries: a call started while its connection was being
+  // reset was retried by gRPC on a connection that never came back, and
+  // stalled until --rpc_timeout. Without it the call fails at once and the
+  // trainer's own rejoin (which counts against --server_retry_limit) runs.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   for (const auto& [name, value] : DataPathTransportArguments()) args.SetInt(name, value);
   return args;
 }
