@@ -2,10 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <thread>
+
+#include "absl/strings/numbers.h"
 
 namespace pshard {
 namespace {
@@ -18,6 +22,22 @@ void OnSignal(int signo) {
   // Async-signal-safe; a full pipe means a signal is already waiting.
   [[maybe_unused]] const ssize_t n = write(g_signal_pipe[1], &byte, 1);
   errno = saved;
+}
+
+// SIGTERM when the launcher named in the environment dies. The kernel sends
+// it when the launcher's spawning thread ends, which for pshard's launchers
+// is their main thread.
+void StopWithLauncher() {
+  const char* named = std::getenv(kLauncherPidVariable);
+  pid_t launcher = 0;
+  if (named == nullptr || !absl::SimpleAtoi(named, &launcher) || launcher <= 1) return;
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return;
+  if (getppid() == launcher) return;
+  if (kill(launcher, 0) != 0 && errno == ESRCH) {
+    raise(SIGTERM);  // it died before the line above took effect
+  } else {
+    prctl(PR_SET_PDEATHSIG, 0);  // inherited from further up: not this process's launcher
+  }
 }
 
 }  // namespace
@@ -44,6 +64,7 @@ void CallOnTerminationSignal(std::function<void(int)> on_signal) {
     } while (n < 0 && errno == EINTR);
     if (n == 1) on_signal(byte);
   }).detach();
+  StopWithLauncher();
 }
 
 }  // namespace pshard

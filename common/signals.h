@@ -11,7 +11,16 @@ namespace pshard {
 /// number to a pipe, so whichever thread the kernel picks to take the
 /// signal (libraries may start threads before main(), with no signal
 /// blocked) hands it over. Call once, early in main().
+///
+/// A process started by a pshard launcher (`ChildProcess::Spawn`, which
+/// names itself in kLauncherPidVariable) also gets SIGTERM when that
+/// launcher dies, even by SIGKILL, so a killed `pshard local` takes its
+/// servers and trainers with it; one whose launcher is already gone gets it
+/// at once.
 void CallOnTerminationSignal(std::function<void(int)> on_signal);
+
+/// The environment variable that names a child's launcher (a process id).
+inline constexpr char kLauncherPidVariable[] = "PSHARD_LAUNCHER_PID";
 
 }  // namespace pshard
 

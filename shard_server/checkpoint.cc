@@ -12,6 +12,7 @@
 #include <memory>
 #include <tuple>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -260,6 +261,21 @@ absl::StatusOr<std::string> SetAsideCheckpoints(const std::string& dir, int shar
   return aside;
 }
 
+absl::StatusOr<std::string> SetAsideDamagedCheckpoint(const std::string& path) {
+  const std::filesystem::path from(path);
+  const std::filesystem::path aside = from.parent_path() / "damaged";
+  std::error_code ec;
+  std::filesystem::create_directories(aside, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", aside.string(), ": ", ec.message()));
+  std::filesystem::path to = aside / from.filename();
+  if (std::filesystem::exists(to, ec)) {
+    to += absl::StrCat(".", absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::UTCTimeZone()));
+  }
+  std::filesystem::rename(from, to, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot move ", path, " to ", to.string(), ": ", ec.message()));
+  return to.string();
+}
+
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const CheckpointHeader& header,
                                             std::span<const CheckpointUnitView> units, int keep,
                                             int64_t protected_step) {
@@ -293,17 +309,17 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
     ::fsync(fd);
     ::close(fd);
   }
-  PruneCheckpoints(dir, header.shard_index, header.num_shards, keep, protected_step, header.step);
+  PruneCheckpoints(dir, header.shard_index, header.num_shards, keep, {&protected_step, 1}, header.step);
   return path;
 }
 
-void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep, int64_t protected_step,
-                      int64_t written_step) {
+void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep,
+                      std::span<const int64_t> protected_steps, int64_t written_step) {
   std::error_code ec;
   std::vector<int64_t> steps = ListCheckpointSteps(dir, shard, num_shards);
   const int surplus = static_cast<int>(steps.size()) - std::max(keep, 1);
   for (int i = 0; i < surplus; ++i) {
-    if (steps[i] == protected_step || steps[i] == written_step) continue;
+    if (steps[i] == written_step || absl::c_linear_search(protected_steps, steps[i])) continue;
     std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(shard, num_shards, steps[i]), ec);
   }
 }

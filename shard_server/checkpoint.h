@@ -80,9 +80,9 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, const Checkp
 absl::StatusOr<std::string> WriteCheckpointFile(const std::string& dir, const Checkpoint& checkpoint);
 
 /// Removes shard `shard`'s checkpoints in `dir` beyond the newest `keep`,
-/// except those of `protected_step` and `written_step` (-1: none).
-void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep, int64_t protected_step,
-                      int64_t written_step = -1);
+/// except those of `protected_steps` and `written_step` (-1: none).
+void PruneCheckpoints(const std::string& dir, int shard, int num_shards, int keep,
+                      std::span<const int64_t> protected_steps, int64_t written_step = -1);
 
 /// Reads and verifies one checkpoint file.
 absl::StatusOr<Checkpoint> ReadCheckpoint(const std::string& path);
@@ -110,6 +110,12 @@ absl::Status CheckFolderLayout(const std::string& dir, int num_shards, const std
 /// new subfolder, and returns that subfolder ("" when nothing was there).
 /// Nothing is deleted.
 absl::StatusOr<std::string> SetAsideCheckpoints(const std::string& dir, int shard, int num_shards);
+
+/// Moves a damaged checkpoint file out of the way, into the subfolder
+/// `damaged` of its folder (created if missing; a file of the same name
+/// there gets a time suffix), so that resume and retention no longer see
+/// it. Nothing is deleted. Returns the new path.
+absl::StatusOr<std::string> SetAsideDamagedCheckpoint(const std::string& path);
 
 /// Steps of this shard's checkpoints in `dir`, ascending (empty when none or
 /// no such folder).

@@ -5,24 +5,37 @@
 
 namespace pshard {
 
-void RendezvousTable::Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline,
-                           Done done) {
-  if (group.empty()) return done(absl::InvalidArgumentError("rendezvous: the group has no name"));
-  if (group.size() > kMaxGroupNameBytes) {
-    return done(absl::InvalidArgumentError(absl::StrCat("rendezvous: a group name of ", group.size(),
-                                                        " bytes; at most ", kMaxGroupNameBytes)));
+namespace {
+
+absl::Status CheckPost(const std::string& group, int member, int size, const std::string& payload,
+                       int max_group_size) {
+  if (group.empty()) return absl::InvalidArgumentError("rendezvous: the group has no name");
+  if (group.size() > RendezvousTable::kMaxGroupNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous: a group name of ", group.size(), " bytes; at most ",
+                                                   RendezvousTable::kMaxGroupNameBytes));
   }
-  if (size < 1 || size > limits_.max_group_size) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("rendezvous ", group, ": size ", size, " is outside [1, ", limits_.max_group_size, "]")));
+  if (size < 1 || size > max_group_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous ", group, ": size ", size, " is outside [1, ", max_group_size, "]"));
   }
   if (member < 0 || member >= size) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("rendezvous ", group, ": member ", member, " is outside [0, ", size, ")")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous ", group, ": member ", member, " is outside [0, ", size, ")"));
   }
-  if (payload.size() > kMaxPayloadBytes) {
-    return done(absl::InvalidArgumentError(absl::StrCat("rendezvous ", group, ": payload of ", payload.size(),
-                                                        " bytes exceeds ", kMaxPayloadBytes)));
+  if (payload.size() > RendezvousTable::kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous ", group, ": payload of ", payload.size(),
+                                                   " bytes exceeds ", RendezvousTable::kMaxPayloadBytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RendezvousTable::Withdraw RendezvousTable::Post(const std::string& group, int member, int size, std::string payload,
+                                                absl::Time deadline, Done done) {
+  if (absl::Status bad = CheckPost(group, member, size, payload, limits_.max_group_size); !bad.ok()) {
+    done(bad);
+    return [] {};
   }
   auto waiter = std::make_shared<Waiter>();
   waiter->done = std::move(done);
@@ -62,18 +75,33 @@ void RendezvousTable::Post(const std::string& group, int member, int size, std::
       }
     }
   }
-  if (!refused.ok()) return waiter->Fire(refused);
+  if (!refused.ok()) {
+    waiter->Fire(refused);
+    return [] {};
+  }
   if (replaced) {
     replaced->Fire(absl::AbortedError(absl::StrCat("rendezvous ", group, ": member ", member, " posted again")));
   }
   if (!to_finish.empty()) {
     for (auto& w : to_finish) w->Fire(payloads);
-    return;
+    return [] {};
   }
-  timer_.Schedule(deadline, [this, group, round_id, member, waiter] { Expire(group, round_id, member, waiter); });
+  timer_.Schedule(deadline, [this, group, round_id, member, waiter] {
+    TakeOut(group, round_id, member, waiter, [&group](const std::vector<int>& missing) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous ", group, ": member(s) ", absl::StrJoin(missing, ","), " did not arrive"));
+    });
+  });
+  return [this, group, round_id, member, waiter] {
+    TakeOut(group, round_id, member, waiter, [&group, member](const std::vector<int>&) {
+      return absl::CancelledError(absl::StrCat("rendezvous ", group, ": member ", member, " went away"));
+    });
+  };
 }
 
-void RendezvousTable::Expire(const std::string& group, int64_t round_id, int member, std::shared_ptr<Waiter> waiter) {
+void RendezvousTable::TakeOut(const std::string& group, int64_t round_id, int member,
+                              const std::shared_ptr<Waiter>& waiter,
+                              const std::function<absl::Status(const std::vector<int>& missing)>& why) {
   std::vector<int> missing;
   {
     absl::MutexLock lock(&mu_);
@@ -91,8 +119,7 @@ void RendezvousTable::Expire(const std::string& group, int64_t round_id, int mem
     for (const auto& p : round.payloads) empty = empty && !p.has_value();
     if (empty) rounds_.erase(it);
   }
-  waiter->Fire(absl::DeadlineExceededError(absl::StrCat("rendezvous ", group, ": member(s) ",
-                                                        absl::StrJoin(missing, ","), " did not arrive")));
+  waiter->Fire(why(missing));
 }
 
 void RendezvousTable::Close() {

@@ -23,6 +23,8 @@ namespace pshard {
 class RendezvousTable {
  public:
   using Done = std::function<void(absl::StatusOr<std::vector<std::string>>)>;
+  /// Withdraws one post while it waits; a no-op once it was answered.
+  using Withdraw = std::function<void()>;
   static constexpr size_t kMaxPayloadBytes = 4096;
   static constexpr size_t kMaxGroupNameBytes = 256;
   /// What a table holds at most: the memory of all open rounds stays below
@@ -42,8 +44,10 @@ class RendezvousTable {
   /// size that differs from the round's, fail at once and change nothing. A
   /// member that posts again in an open round replaces its earlier post,
   /// whose `done` gets Aborted. A new round beyond the limit of open ones
-  /// is refused (ResourceExhausted).
-  void Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline, Done done);
+  /// is refused (ResourceExhausted). Returns what withdraws this post
+  /// (its `done` then gets Cancelled, and a round left empty closes): for a
+  /// caller that went away, whose seat must not hold a round open.
+  Withdraw Post(const std::string& group, int member, int size, std::string payload, absl::Time deadline, Done done);
 
   /// Answers every waiting post with Unavailable, and every later one too
   /// (the server is stopping).
@@ -68,7 +72,10 @@ class RendezvousTable {
     std::vector<std::optional<std::string>> payloads;
     std::vector<std::shared_ptr<Waiter>> waiters;
   };
-  void Expire(const std::string& group, int64_t round_id, int member, std::shared_ptr<Waiter> waiter);
+  // Takes `waiter`'s post out of its round, if it still waits there, and
+  // answers it with `why` (given the members still missing).
+  void TakeOut(const std::string& group, int64_t round_id, int member, const std::shared_ptr<Waiter>& waiter,
+               const std::function<absl::Status(const std::vector<int>& missing)>& why);
 
   const Limits limits_;
   mutable absl::Mutex mu_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -64,6 +65,30 @@ struct ShardServer::Impl {
   std::thread announcer;
   std::string checkpoint_dir;
   int checkpoint_keep = 2;
+  bool continue_on_checkpoint_failure = false;
+  mutable absl::Mutex failure_mu;
+  absl::Status failure ABSL_GUARDED_BY(failure_mu);
+  // A checkpoint of `step` that was not written: logged and counted; it
+  // stops the server unless the job chose to go on without it.
+  void CheckpointFailed(int shard, int64_t step, const absl::Status& why) {
+    if (metrics) metrics->checkpoint_failures.Increment();
+    if (continue_on_checkpoint_failure) {
+      std::fprintf(stderr,
+                   "pshard-server: shard %d: checkpoint at step %lld FAILED: %s; training goes on WITHOUT it "
+                   "(--on_checkpoint_failure=continue): a crash now loses every step since the last one written\n",
+                   shard, static_cast<long long>(step), why.ToString().c_str());
+      return;
+    }
+    std::fprintf(stderr,
+                 "pshard-server: shard %d: checkpoint at step %lld FAILED: %s; stopping "
+                 "(--on_checkpoint_failure=continue would train on without it)\n",
+                 shard, static_cast<long long>(step), why.ToString().c_str());
+    absl::MutexLock lock(&failure_mu);
+    if (failure.ok()) {
+      failure = absl::Status(why.code(), absl::StrCat("shard ", shard, ": the checkpoint of step ", step,
+                                                       " could not be written: ", why.message()));
+    }
+  }
   std::atomic<int64_t> saved_step{-1};  // the newest step written or being written, -1: none
   // Checkpoints are written on their own thread (`writer`), one at a time.
   absl::Mutex writer_mu;
@@ -72,18 +97,20 @@ struct ShardServer::Impl {
   // steps, with no write in flight.
   void Prune(int shard, int num_shards) {
     absl::MutexLock lock(&checkpoints_mu);
-    PruneCheckpoints(checkpoint_dir, shard, num_shards, checkpoint_keep, common_step);
+    PruneCheckpoints(checkpoint_dir, shard, num_shards, checkpoint_keep, common_steps);
     held_steps = ListCheckpointSteps(checkpoint_dir, shard, num_shards);
   }
   void WaitForWriter() {
     absl::MutexLock lock(&writer_mu);
     writer_mu.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &writing));
   }
-  // This shard's checkpoint steps on disk, and the newest step every shard
-  // holds (learnt with each norm agreement).
+  // This shard's checkpoint steps on disk, and the two newest steps every
+  // shard holds (learnt with each norm agreement), ascending. Two: should
+  // another shard's file of the newest turn out damaged, it falls back to
+  // the one before, and that must still be here.
   absl::Mutex checkpoints_mu;
   std::vector<int64_t> held_steps ABSL_GUARDED_BY(checkpoints_mu);
-  int64_t common_step ABSL_GUARDED_BY(checkpoints_mu) = -1;
+  std::vector<int64_t> common_steps ABSL_GUARDED_BY(checkpoints_mu);
 
   // The partial to report: this shard's norm and the checkpoints it holds.
   StepNorm WithHeldSteps(const StepNorm& partial) {
@@ -96,7 +123,10 @@ struct ShardServer::Impl {
   void LearnCommonSteps(const StepNorm& agreed) {
     if (agreed.checkpoint_steps.empty()) return;
     absl::MutexLock lock(&checkpoints_mu);
-    common_step = std::max(common_step, agreed.checkpoint_steps.back());
+    common_steps.insert(common_steps.end(), agreed.checkpoint_steps.begin(), agreed.checkpoint_steps.end());
+    absl::c_sort(common_steps);
+    common_steps.erase(std::unique(common_steps.begin(), common_steps.end()), common_steps.end());
+    if (common_steps.size() > 2) common_steps.erase(common_steps.begin(), common_steps.end() - 2);
   }
   // Last: destroyed first, running what is queued while the rest is alive.
   std::unique_ptr<SerialExecutor> writer = std::make_unique<SerialExecutor>();
@@ -170,6 +200,19 @@ void Announce(v1::ShardService::Stub* coordinator, int shard, int port, const st
   } while (!stop.WaitForNotificationWithTimeout(absl::Seconds(1)));
 }
 
+// Whether a pshard server answers at `address` as shard `shard`, within a
+// second. Without TLS or tokens: what shard 0 probes before an Announce moves
+// a shard.
+bool ShardAnswersAt(const std::string& address, int shard) {
+  std::unique_ptr<v1::ShardService::Stub> stub =
+      v1::ShardService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  v1::StatusRequest request;
+  v1::StatusResponse response;
+  return stub->GetStatus(&ctx, request, &response).ok() && response.shard_index() == shard;
+}
+
 std::string Lr(double lr) { return absl::StrFormat("%.3g", lr); }
 
 // A resume onto another end of the learning-rate schedule: refused unless
@@ -196,8 +239,27 @@ absl::StatusOr<std::string> CheckScheduleEnd(const Checkpoint& checkpoint, const
   return absl::StrCat("schedule re-stretched (--allow_schedule_change): ", change);
 }
 
-// Restores the newest checkpoint of this shard (or `resume_step`'s); the
-// path restored, "" when there is none to restore.
+std::string CheckpointPath(const ShardServer::Spec& spec, int64_t step) {
+  return (std::filesystem::path(spec.checkpoint_dir) / CheckpointFileName(spec.shard_index, spec.job.num_shards, step))
+      .string();
+}
+
+// Restores this shard's checkpoint of `step`; its path.
+absl::StatusOr<std::string> RestoreStep(ShardState& state, const ShardServer::Spec& spec, int64_t step,
+                                        std::vector<std::string>& notes) {
+  const std::string path = CheckpointPath(spec, step);
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
+  if (checkpoint.header.step != step) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", path, " says step ", checkpoint.header.step));
+  }
+  ASSIGN_OR_RETURN(const std::string schedule_note, CheckScheduleEnd(checkpoint, spec));
+  RETURN_IF_ERROR(state.RestoreCheckpoint(std::move(checkpoint)));
+  if (!schedule_note.empty()) notes.push_back(schedule_note);
+  return path;
+}
+
+// Restores the newest intact checkpoint of this shard (or `resume_step`'s);
+// the path restored, "" when there is none to restore.
 absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServer::Spec& spec,
                                               std::vector<std::string>& notes) {
   if (spec.start_fresh) {
@@ -208,7 +270,6 @@ absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServ
   }
   RETURN_IF_ERROR(CheckFolderLayout(spec.checkpoint_dir, spec.job.num_shards, state.LayoutDescription()));
   const std::vector<int64_t> steps = ListCheckpointSteps(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards);
-  int64_t step = -1;
   if (spec.resume_step >= 0) {
     if (std::find(steps.begin(), steps.end(), spec.resume_step) == steps.end()) {
       return absl::NotFoundError(absl::StrCat("no checkpoint of step ", spec.resume_step, " for shard ",
@@ -216,22 +277,27 @@ absl::StatusOr<std::string> RestoreFromFolder(ShardState& state, const ShardServ
                                               spec.checkpoint_dir, " (steps there: ",
                                               steps.empty() ? "none" : absl::StrJoin(steps, ", "), ")"));
     }
-    step = spec.resume_step;
-  } else if (!steps.empty()) {
-    step = steps.back();
+    return RestoreStep(state, spec, spec.resume_step, notes);
   }
-  if (step < 0) return std::string();
-  const std::string path = (std::filesystem::path(spec.checkpoint_dir) /
-                            CheckpointFileName(spec.shard_index, spec.job.num_shards, step))
-                               .string();
-  ASSIGN_OR_RETURN(Checkpoint checkpoint, ReadCheckpoint(path));
-  if (checkpoint.header.step != step) {
-    return absl::DataLossError(absl::StrCat("checkpoint ", path, " says step ", checkpoint.header.step));
+  // The newest intact one: a damaged file is set aside, named, and the one
+  // before it is tried (the shards ahead then roll back to the step this
+  // one restores, which retention kept for this case).
+  for (auto newest = steps.rbegin(); newest != steps.rend(); ++newest) {
+    absl::StatusOr<std::string> restored = RestoreStep(state, spec, *newest, notes);
+    if (restored.ok() || restored.status().code() != absl::StatusCode::kDataLoss) return restored;
+    const std::string path = CheckpointPath(spec, *newest);
+    ASSIGN_OR_RETURN(const std::string aside, SetAsideDamagedCheckpoint(path));
+    const std::string note = absl::StrCat(restored.status().message(), "; set aside as ", aside,
+                                          ", trying the checkpoint before it");
+    notes.push_back(note);
   }
-  ASSIGN_OR_RETURN(const std::string schedule_note, CheckScheduleEnd(checkpoint, spec));
-  RETURN_IF_ERROR(state.RestoreCheckpoint(std::move(checkpoint)));
-  if (!schedule_note.empty()) notes.push_back(schedule_note);
-  return path;
+  if (!steps.empty()) {
+    // Starting from the seed's weights would silently drop the job's training.
+    return absl::DataLossError(absl::StrCat("every checkpoint of shard ", spec.shard_index, " in ",
+                                            spec.checkpoint_dir, " is damaged (set aside in its folder damaged/: ",
+                                            absl::StrJoin(notes, "; "), "); --start_fresh starts over"));
+  }
+  return std::string();
 }
 
 }  // namespace
@@ -278,7 +344,15 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   Impl& impl = *server->impl_;
   impl.authenticator = std::move(authenticator);
   impl.checkpoint_keep = spec.checkpoint_keep;
+  impl.continue_on_checkpoint_failure = spec.continue_on_checkpoint_failure;
   if (!spec.checkpoint_dir.empty()) {
+    // Made now, so that a folder missing later was deleted.
+    std::error_code made;
+    std::filesystem::create_directories(spec.checkpoint_dir, made);
+    if (made) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create the checkpoint folder ", spec.checkpoint_dir, ": ", made.message()));
+    }
     ASSIGN_OR_RETURN(server->restored_from_, RestoreFromFolder(*server->state_, spec, server->start_notes_));
     absl::MutexLock lock(&impl.checkpoints_mu);
     impl.held_steps = ListCheckpointSteps(spec.checkpoint_dir, spec.shard_index, spec.job.num_shards);
@@ -286,7 +360,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
       impl.saved_step = server->state_->current_step();
       // Trainers refuse servers at different steps, so a job that trains
       // on from here has every shard at this step.
-      impl.common_step = server->state_->current_step();
+      impl.common_steps = {server->state_->current_step()};
     }
   }
   if (!spec.init_from.empty()) {
@@ -332,6 +406,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.own_address = spec.advertise_address;
   options.authenticator = impl.authenticator.get();
   options.roll_back = [raw = server.get()](int64_t step, int rank) { return raw->RollBack(step, rank); };
+  if (spec.shard_index == 0 && !spec.security.any()) options.answers_as_shard = ShardAnswersAt;
 #if PSHARD_WITH_UCX
   if (spec.enable_ucx) {
     UcxService::Options ucx_options;
@@ -433,11 +508,15 @@ void ShardServer::SaveCheckpoint() {
   // only after the agreement that reported it, so that the common step the
   // shards learn from it is always still there.
   impl.writer->Post([&impl, shard = state_->shard_index(), step, start, snapshot = *std::move(snapshot)] {
-    absl::StatusOr<std::string> path = WriteCheckpointFile(impl.checkpoint_dir, snapshot);
+    // The folder was there at start: gone now, it was deleted, and a new
+    // empty one would hide that every earlier checkpoint went with it.
+    absl::StatusOr<std::string> path =
+        std::filesystem::is_directory(impl.checkpoint_dir)
+            ? WriteCheckpointFile(impl.checkpoint_dir, snapshot)
+            : absl::NotFoundError(absl::StrCat("the checkpoint folder ", impl.checkpoint_dir,
+                                               " is gone (deleted while the job ran?); it is not made again"));
     if (!path.ok()) {
-      // Training goes on; the previous checkpoints stay.
-      std::fprintf(stderr, "pshard-server: shard %d: checkpoint at step %lld FAILED: %s\n", shard,
-                   static_cast<long long>(step), path.status().ToString().c_str());
+      impl.CheckpointFailed(shard, step, path.status());  // the previous checkpoints stay
     } else {
       {
         absl::MutexLock lock(&impl.checkpoints_mu);
@@ -502,9 +581,14 @@ absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
   return step;
 }
 
+absl::Status ShardServer::failure() const {
+  absl::MutexLock lock(&impl_->failure_mu);
+  return impl_->failure;
+}
+
 int64_t ShardServer::common_checkpoint_step() const {
   absl::MutexLock lock(&impl_->checkpoints_mu);
-  return impl_->common_step;
+  return impl_->common_steps.empty() ? -1 : impl_->common_steps.back();
 }
 
 int ShardServer::metrics_port() const {

@@ -44,6 +44,10 @@ class ShardServer {
     int64_t checkpoint_every = 0;
     /// Checkpoints kept per shard (older ones are removed).
     int checkpoint_keep = 2;
+    /// A checkpoint that cannot be written (a full disk, the folder deleted
+    /// while the job ran) stops the server (failure() says why) unless
+    /// this is set: then it is logged, counted, and training goes on.
+    bool continue_on_checkpoint_failure = false;
     /// Restore exactly this step's checkpoint (-1: the newest, if any).
     int64_t resume_step = -1;
     /// Start from step 0 even when the folder holds checkpoints: those this
@@ -84,6 +88,9 @@ class ShardServer {
   void SaveCheckpoint();
   /// Blocks until Shutdown() is called from another thread.
   void Wait();
+  /// OK, or why this server must stop: a checkpoint it could not write
+  /// (unless Spec::continue_on_checkpoint_failure).
+  absl::Status failure() const;
   /// The checkpoint restored at start ("" when the state was initialised).
   const std::string& restored_from() const { return restored_from_; }
   /// What starting did with the checkpoint folder that a user should know
@@ -97,7 +104,7 @@ class ShardServer {
   /// nothing, when `step` is ahead or its checkpoint is not on disk.
   absl::StatusOr<int64_t> RollBack(int64_t step, int rank);
   /// The newest step whose checkpoint every shard of the job is known to
-  /// hold (-1: none known); retention keeps it.
+  /// hold (-1: none known); retention keeps it and the common step before it.
   int64_t common_checkpoint_step() const;
   /// Stops serving: in-flight calls are cancelled after `grace`; with a
   /// checkpoint folder, the state is written there unless it already is.

@@ -66,6 +66,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "folder for this shard's checkpoints; the newest there is restored at start (empty: none)");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "write a checkpoint every this many steps (0: only at shutdown)");
 ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard");
+ABSL_FLAG(std::string, on_checkpoint_failure, "stop",
+          "a checkpoint that cannot be written (full disk, folder deleted): stop (exit 3) or continue "
+          "(logged and counted in pshard_server_checkpoint_failures_total)");
 ABSL_FLAG(int64_t, resume_step, -1, "restore this step's checkpoint instead of the newest (-1: newest)");
 ABSL_FLAG(bool, start_fresh, false,
           "start from step 0 even if --checkpoint_dir holds checkpoints: the ones this shard would read or "
@@ -155,6 +158,12 @@ int main(int argc, char** argv) {
   spec.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   spec.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   spec.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  if (const std::string policy = absl::GetFlag(FLAGS_on_checkpoint_failure); policy == "continue") {
+    spec.continue_on_checkpoint_failure = true;
+  } else if (policy != "stop") {
+    std::fprintf(stderr, "pshard-server: --on_checkpoint_failure=%s: expected stop or continue\n", policy.c_str());
+    return 2;
+  }
   spec.resume_step = absl::GetFlag(FLAGS_resume_step);
   spec.start_fresh = absl::GetFlag(FLAGS_start_fresh);
   spec.allow_schedule_change = absl::GetFlag(FLAGS_allow_schedule_change);
@@ -188,10 +197,18 @@ int main(int argc, char** argv) {
                        << running->state().current_step() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
-  stop.WaitForNotification();
+  while (!stop.WaitForNotificationWithTimeout(absl::Milliseconds(200)) && running->failure().ok()) {
+  }
   std::fprintf(stderr, "pshard-server: shard %d shutting down at step %lld\n", spec.shard_index,
                static_cast<long long>(running->state().current_step()));
   running->Shutdown(absl::Seconds(2));
+  // Its own shutdown checkpoint included: a job must not end "cleanly"
+  // without the state it was asked to keep.
+  const absl::Status failure = running->failure();
   server->reset();
+  if (!failure.ok()) {
+    std::fprintf(stderr, "pshard-server: %s\n", failure.ToString().c_str());
+    return 3;
+  }
   return 0;
 }

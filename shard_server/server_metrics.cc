@@ -74,6 +74,10 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       checkpoint_write_seconds(r.AddCounter("pshard_server_checkpoint_write_seconds_total",
                                             "Time spent writing checkpoints.")
                                    .Add(Shard(shard))),
+      checkpoint_failures(r.AddCounter("pshard_server_checkpoint_failures_total",
+                                       "Checkpoints this shard was to write and could not (a full disk, a "
+                                       "folder deleted while the job ran).")
+                              .Add(Shard(shard))),
       rollbacks(r.AddCounter("pshard_server_rollbacks_total",
                              "Times this shard went back to one of its checkpoints so that every shard of the job "
                              "resumes at one step (after another shard restarted).")

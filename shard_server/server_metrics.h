@@ -78,6 +78,7 @@ class ServerMetrics {
   metrics::Gauge& expected_state_bytes;
   metrics::Gauge& checkpoint_step;
   metrics::Counter& checkpoint_write_seconds;
+  metrics::Counter& checkpoint_failures;  ///< checkpoints asked for and not written
   metrics::Counter& rollbacks;          ///< times this shard went back to a checkpointed step
   metrics::Counter& rolled_back_steps;  ///< steps undone by them (redone by the trainers)
   std::vector<metrics::Gauge*> unit_version;

@@ -202,7 +202,8 @@ void ShardState::WhenPublished(int unit, int64_t version, absl::Time deadline,
 }
 
 absl::StatusOr<std::shared_ptr<const PublishedSlice>> ShardState::Published(int unit, int64_t version,
-                                                                               const WireFormat& format) {
+                                                                               const WireFormat& format,
+                                                                               bool adds_format) {
   UnitState& u = *units_[unit];
   {
     absl::ReaderMutexLock lock(&u.mu);
@@ -211,6 +212,7 @@ absl::StatusOr<std::shared_ptr<const PublishedSlice>> ShardState::Published(int 
           absl::StrCat("unit ", unit, " is at version ", u.version, ", not ", version));
     }
     if (std::shared_ptr<PublishedSlice> p = u.Find(format)) return std::shared_ptr<const PublishedSlice>(p);
+    if (!adds_format) return std::shared_ptr<const PublishedSlice>(PublishedSlice::Encode(format, *u.master, nullptr));
   }
   // The first fetch in this format: encode the current version now, and
   // every later one at publish.
@@ -476,7 +478,7 @@ absl::StatusOr<std::string> ShardState::SaveCheckpoint(const std::string& dir, i
                                                        int64_t protected_step) const {
   ASSIGN_OR_RETURN(const Checkpoint snapshot, Snapshot());
   ASSIGN_OR_RETURN(std::string path, WriteCheckpointFile(dir, snapshot));
-  PruneCheckpoints(dir, shard_index_, job_.num_shards, keep, protected_step, snapshot.header.step);
+  PruneCheckpoints(dir, shard_index_, job_.num_shards, keep, {&protected_step, 1}, snapshot.header.step);
   return path;
 }
 

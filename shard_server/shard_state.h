@@ -120,9 +120,12 @@ class ShardState {
   /// FailedPrecondition if the unit is at another version. The first
   /// request of a format encodes the current version; from then on every
   /// version is encoded in it once, at publish. A shard publishes a few
-  /// formats at most (ResourceExhausted beyond).
+  /// formats at most (ResourceExhausted beyond). With `adds_format` false
+  /// (a reader's fetch) a format not published already is encoded for this
+  /// request alone: a reader neither adds publishing work nor takes a
+  /// trainer's place among the formats.
   absl::StatusOr<std::shared_ptr<const PublishedSlice>> Published(int unit, int64_t version,
-                                                                  const WireFormat& format);
+                                                                  const WireFormat& format, bool adds_format = true);
 
   // ---- push side ----
   /// Validates a push's identity before any data is read.

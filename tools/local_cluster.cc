@@ -10,11 +10,13 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/signals.h"
 #include "common/status_macros.h"
+#include "shard_server/checkpoint.h"
 #include "tools/kernel_links.h"
 #include "tools/process.h"
 
@@ -464,6 +466,21 @@ absl::Status RunLocalCluster(const LocalClusterSpec& spec) {
     if (servers[s].Poll().value_or(-1) != 0) {
       return absl::InternalError(absl::StrCat("shard server ", s, " did not shut down cleanly (code ",
                                               servers[s].Poll().value_or(-1), ")"));
+    }
+  }
+  if (!spec.checkpoint_dir.empty()) {
+    // What a user asked to keep is on disk, or the job failed.
+    const int64_t last = std::max(spec.steps, resumed);
+    std::vector<int> missing;
+    for (int s = 0; s < spec.num_servers; ++s) {
+      if (!absl::c_linear_search(ListCheckpointSteps(spec.checkpoint_dir, s, spec.num_servers), last)) {
+        missing.push_back(s);
+      }
+    }
+    if (!missing.empty()) {
+      return absl::DataLossError(absl::StrCat("the checkpoint of the last step (", last, ") of shard(s) ",
+                                              absl::StrJoin(missing, ", "), " is not in ", spec.checkpoint_dir,
+                                              " (see the servers' logs in ", spec.run_dir, ")"));
     }
   }
   int restarted = 0, servers_restarted = 0;

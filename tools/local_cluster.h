@@ -66,6 +66,10 @@ struct LocalClusterSpec {
   /// learning-rate schedule: the console's note on a resumed job says them.
   int64_t steps = 0;
   int64_t schedule_steps = 0;
+  /// The servers' checkpoint folder (server_flags name it too; empty:
+  /// none): a job that ends without every shard's checkpoint of its last
+  /// step there has not ended cleanly.
+  std::string checkpoint_dir;
 };
 
 /// A topology file with every server and every trainer on its own node

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/signals.h"
 
 extern char** environ;
 
@@ -21,6 +22,15 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>&
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // This environment, naming this process as the child's launcher: a pshard
+  // child stops when its launcher dies (CallOnTerminationSignal).
+  const std::string launcher = absl::StrCat(kLauncherPidVariable, "=", getpid());
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, launcher.c_str(), std::strlen(kLauncherPidVariable) + 1) != 0) env.push_back(*e);
+  }
+  env.push_back(const_cast<char*>(launcher.c_str()));
+  env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (!log_path.empty()) {
@@ -43,7 +53,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>&
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
   ChildProcess child;
   child.name_ = argv[0];
-  const int rc = posix_spawn(&child.pid_, argv[0].c_str(), &actions, &attr, args.data(), environ);
+  const int rc = posix_spawn(&child.pid_, argv[0].c_str(), &actions, &attr, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) {

@@ -19,6 +19,8 @@ class ChildProcess {
  public:
   /// Starts `argv` in its own process group. Output goes to `log_path`
   /// (appended, stdout and stderr) or, when empty, to this process's own.
+  /// The child's environment names this process as its launcher
+  /// (kLauncherPidVariable): a pshard child stops when it dies.
   static absl::StatusOr<ChildProcess> Spawn(const std::vector<std::string>& argv,
                                             const std::string& log_path);
 

@@ -104,7 +104,10 @@ ABSL_FLAG(std::string, init_from, "",
           "start the job from these weights (a .safetensors file of the GPT's tensors, e.g. from pshard export) "
           "instead of its random initialisation: fine-tuning; a checkpoint to resume from still wins");
 ABSL_FLAG(int64_t, checkpoint_every, 0, "servers checkpoint every this many steps (0: only at shutdown)");
-ABSL_FLAG(int, checkpoint_keep, 2, "checkpoints kept per shard (and always the newest step every shard holds)");
+ABSL_FLAG(int, checkpoint_keep, 2,
+          "checkpoints kept per shard (and always the two newest steps every shard holds)");
+ABSL_FLAG(std::string, on_checkpoint_failure, "stop",
+          "a checkpoint a server cannot write (full disk, folder deleted): stop the job, or continue (logged)");
 ABSL_FLAG(int64_t, resume_step, -1, "servers restore this step's checkpoints instead of the newest (-1: newest)");
 ABSL_FLAG(bool, start_fresh, false,
           "start from step 0 even if --checkpoint_dir holds checkpoints (they are moved into a subfolder)");
@@ -334,6 +337,7 @@ int RunLocal() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t schedule_steps = absl::GetFlag(FLAGS_schedule_steps) > 0 ? absl::GetFlag(FLAGS_schedule_steps) : steps;
   spec.steps = steps;
+  spec.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   spec.schedule_steps = schedule_steps;
   spec.server_flags = {
       absl::StrCat("--layers=", absl::GetFlag(FLAGS_layers)),
@@ -352,6 +356,7 @@ int RunLocal() {
       absl::StrCat("--checkpoint_dir=", absl::GetFlag(FLAGS_checkpoint_dir)),
       absl::StrCat("--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every)),
       absl::StrCat("--checkpoint_keep=", absl::GetFlag(FLAGS_checkpoint_keep)),
+      absl::StrCat("--on_checkpoint_failure=", absl::GetFlag(FLAGS_on_checkpoint_failure)),
       absl::StrCat("--resume_step=", absl::GetFlag(FLAGS_resume_step)),
       absl::StrCat("--start_fresh=", absl::GetFlag(FLAGS_start_fresh) ? "true" : "false"),
       absl::StrCat("--allow_schedule_change=", absl::GetFlag(FLAGS_allow_schedule_change) ? "true" : "false"),
@@ -431,6 +436,10 @@ int RunLocal() {
   spec.server_restarts = absl::GetFlag(FLAGS_server_restarts);
   if (spec.server_restarts < 0) {
     std::fprintf(stderr, "pshard local: --server_restarts=%d must be 0 or more\n", spec.server_restarts);
+    return 2;
+  }
+  if (const std::string policy = absl::GetFlag(FLAGS_on_checkpoint_failure); policy != "stop" && policy != "continue") {
+    std::fprintf(stderr, "pshard local: --on_checkpoint_failure=%s: expected stop or continue\n", policy.c_str());
     return 2;
   }
   spec.tls = absl::GetFlag(FLAGS_tls);

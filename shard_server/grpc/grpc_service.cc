@@ -20,8 +20,8 @@ namespace {
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(ShardState* state, ServerMetrics* metrics, const grpc::ByteBuffer& request_frame,
-               absl::Time wait_deadline, int64_t chunk_bytes)
-      : state_(state), metrics_(metrics), start_(absl::Now()) {
+               absl::Time wait_deadline, int64_t chunk_bytes, bool adds_format)
+      : state_(state), metrics_(metrics), start_(absl::Now()), adds_format_(adds_format) {
     absl::Status status = ParseMessage(request_frame, &request_);
     absl::StatusOr<WireFormat> format = WireFormat();
     if (status.ok()) {
@@ -40,7 +40,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
       if (!s.ok()) return FinishWith(s);
       absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
-          state_->Published(request_.unit(), request_.version(), format_);
+          state_->Published(request_.unit(), request_.version(), format_, adds_format_);
       if (!slice.ok()) return FinishWith(slice.status());
       slice_ = std::move(*slice);
       WriteNext();
@@ -89,6 +89,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   ServerMetrics* const metrics_;
   v1::FetchRequest request_;
   const absl::Time start_;
+  const bool adds_format_;  // false for a reader: see ShardState::Published
   metrics::Counter* bytes_out_ = nullptr;
   WireFormat format_;
   int64_t slice_length_ = 0;
@@ -248,6 +249,16 @@ class RefusedFetch final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   explicit RefusedFetch(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
 };
+// A rendezvous post, withdrawn when its caller goes away.
+class RendezvousReactor final : public grpc::ServerUnaryReactor {
+ public:
+  void OnCancel() override {
+    if (withdraw) withdraw();
+  }
+  void OnDone() override { delete this; }
+  RendezvousTable::Withdraw withdraw;
+};
+
 class RefusedPush final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   explicit RefusedPush(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
@@ -283,9 +294,10 @@ bool Allowed(RpcMethod method, Role role) {
 }  // namespace
 
 absl::Status ShardServiceImpl::Authorize(const grpc::CallbackServerContext* ctx, RpcMethod method,
-                                         bool needs_trainer) {
+                                         bool needs_trainer, std::optional<Role>* role) {
   if (options_.authenticator == nullptr || !options_.authenticator->enabled()) return absl::OkStatus();
   CallerCheck caller = options_.authenticator->Identify(*ctx);
+  if (role != nullptr) *role = caller.role;
   if (caller.role && (!Allowed(method, *caller.role) || (needs_trainer && *caller.role != Role::kTrainer))) {
     caller.failure = AuthFailure::kWrongRole;
     caller.refusal = absl::PermissionDeniedError(
@@ -382,9 +394,12 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::Fetch(grpc::CallbackServerContext* ctx,
                                                                     const grpc::ByteBuffer* request) {
-  if (absl::Status refused = Authorize(ctx, RpcMethod::kFetch); !refused.ok()) return new RefusedFetch(refused);
+  std::optional<Role> role;
+  if (absl::Status refused = Authorize(ctx, RpcMethod::kFetch, /*needs_trainer=*/false, &role); !refused.ok()) {
+    return new RefusedFetch(refused);
+  }
   return new FetchReactor(state_, metrics_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
-                          options_.fetch_chunk_bytes);
+                          options_.fetch_chunk_bytes, /*adds_format=*/role != Role::kReader);
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
@@ -530,6 +545,18 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Announce(grpc::CallbackServerContext
       address = absl::StrCat(peer.substr(kind + 1, port - kind - 1), ":", request->port());
     }
   }
+  if (refused.ok() && options_.answers_as_shard) {
+    std::string previous;
+    {
+      absl::MutexLock lock(&shards_mu_);
+      previous = shard_addresses_[request->shard_index()];
+    }
+    // A restarted shard on a new port moves; a live one stays where it is.
+    if (!previous.empty() && previous != address && options_.answers_as_shard(previous, request->shard_index())) {
+      refused = absl::AlreadyExistsError(absl::StrCat("shard ", request->shard_index(), " answers at ", previous,
+                                                      "; it is not moved to ", address, " while it does"));
+    }
+  }
   if (refused.ok()) {
     absl::MutexLock lock(&shards_mu_);
     shard_addresses_[request->shard_index()] = address;
@@ -576,21 +603,22 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Rendezvous(grpc::CallbackServerConte
                                                        const v1::RendezvousRequest* request,
                                                        v1::RendezvousResponse* response) {
   const absl::Time start = absl::Now();
-  auto* reactor = ctx->DefaultReactor();
+  auto* reactor = new RendezvousReactor();
   if (absl::Status refused = Authorize(ctx, RpcMethod::kRendezvous); !refused.ok()) {
     FinishUnary(reactor, RpcMethod::kRendezvous, start, refused);
     return reactor;
   }
   // Members of a group may start minutes apart (image pulls, scheduling):
-  // the client's deadline bounds the wait.
-  rendezvous_.Post(request->group(), request->member(), request->size(), request->payload(),
-                   WaitDeadline(ctx, absl::Hours(1)),
-                   [this, reactor, response, start](absl::StatusOr<std::vector<std::string>> payloads) {
-                     if (payloads.ok()) {
-                       for (std::string& p : *payloads) response->add_payloads(std::move(p));
-                     }
-                     FinishUnary(reactor, RpcMethod::kRendezvous, start, payloads.status());
-                   });
+  // the client's deadline bounds the wait, and a caller that goes away
+  // takes its seat with it. gRPC calls OnCancel only once this returned.
+  reactor->withdraw = rendezvous_.Post(
+      request->group(), request->member(), request->size(), request->payload(), WaitDeadline(ctx, absl::Hours(1)),
+      [this, reactor, response, start](absl::StatusOr<std::vector<std::string>> payloads) {
+        if (payloads.ok()) {
+          for (std::string& p : *payloads) response->add_payloads(std::move(p));
+        }
+        FinishUnary(reactor, RpcMethod::kRendezvous, start, payloads.status());
+      });
   return reactor;
 }
 

@@ -50,6 +50,12 @@ class ShardServiceImpl final : public ShardServiceBase {
     /// (the RollBack RPC; blocks while the step driver stops and restarts)
     /// and returns the step it is at; empty: RollBack is refused.
     std::function<absl::StatusOr<int64_t>(int64_t step, int rank)> roll_back;
+    /// Shard 0 of a job without TLS or tokens, where anyone may call
+    /// Announce: true when shard `shard` answers at `address` (a probe with
+    /// a short deadline). An Announce that would move a shard to another
+    /// address is refused while it still answers at its old one. Empty: no
+    /// probe (callers are authenticated as servers).
+    std::function<bool(const std::string& address, int shard)> answers_as_shard;
   };
   /// `coordinator` is null except on shard 0. `metrics` must outlive the service.
   ShardServiceImpl(ShardState* state, NormCoordinator* coordinator, ServerMetrics* metrics, Options options);
@@ -95,7 +101,10 @@ class ShardServiceImpl final : public ShardServiceBase {
   /// servers agree norms and announce themselves; readers (tools) join
   /// without a rank, fetch and read masters; every role reads the status.
   /// `needs_trainer`: only the trainer role will do (a Join with a rank).
-  absl::Status Authorize(const grpc::CallbackServerContext* ctx, RpcMethod method, bool needs_trainer = false);
+  /// `role`, when given, is set to the caller's (nullopt without
+  /// authentication: every caller is trusted as a trainer).
+  absl::Status Authorize(const grpc::CallbackServerContext* ctx, RpcMethod method, bool needs_trainer = false,
+                         std::optional<Role>* role = nullptr);
   /// Finishes a unary call, recording its duration and any refusal.
   void FinishUnary(grpc::ServerUnaryReactor* reactor, RpcMethod method, absl::Time start,
                    const absl::Status& status);

@@ -75,6 +75,28 @@ TEST(LocalClusterE2E, CtrlCStopsEveryProcess) {
   EXPECT_EQ(CountProcessesMentioning(run_dir), 0) << "processes left behind";
 }
 
+// A launcher killed outright cannot stop its children in order: they stop
+// on their own when it dies (its children are in process groups of their own,
+// so nothing else would reach them).
+TEST(LocalClusterE2E, ASigkilledLauncherTakesItsChildrenWithIt) {
+  const std::string run_dir = MakeRunDir();
+  auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=2", "--steps=100000", "--layers=1",
+                                       "--d_model=32", "--heads=2", "--context=16", "--seq_len=16",
+                                       "--log_every=1"});
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  while (Losses(ReadFile(run_dir + "/launcher.log")).size() < 3 && absl::Now() < deadline) {
+    ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_GE(CountProcessesMentioning(run_dir), 5);  // launcher, 2 servers, 2 trainers
+  launcher->Signal(SIGKILL);
+  ASSERT_EQ(launcher->WaitUntil(absl::Now() + absl::Seconds(10)), 128 + SIGKILL);
+  const absl::Time gone_by = absl::Now() + absl::Seconds(60);
+  while (CountProcessesMentioning(run_dir) > 0 && absl::Now() < gone_by) absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(CountProcessesMentioning(run_dir), 0) << "children outlived their SIGKILLed launcher";
+}
+
 // The "MiB on the wire" per step of trainer 0's summary.
 double WireMibPerStep(const std::string& out) {
   const std::string marker = " MiB on the wire";
@@ -426,6 +448,50 @@ TEST(LocalClusterE2E, KeepingOneCheckpointAJobWithAKilledShardStillResumes) {
             std::string::npos);
   EXPECT_THAT(out, HasSubstr(absl::StrCat("pshard: resumed from the checkpoints of step ", common.back(),
                                           "; training to step ", common.back() + 3)));
+}
+
+// The checkpoint folder deleted mid-run: by default the server that finds
+// it gone stops and the job fails naming it; with
+// --on_checkpoint_failure=continue the job trains to the end and then fails,
+// because the last step's checkpoints it was asked for are not on disk.
+TEST(LocalClusterE2E, ADeletedCheckpointFolderFailsTheJobAndIsNotMadeAgain) {
+  for (const std::string policy : {"stop", "continue"}) {
+    SCOPED_TRACE(policy);
+    const std::string run_dir = MakeRunDir();
+    const std::string ckpt = run_dir + "/ckpt";
+    auto launcher = StartLocal(run_dir, {"--servers=2", "--trainers=1", "--layers=1", "--d_model=32", "--heads=2",
+                                         "--context=16", "--seq_len=16", "--log_every=1",
+                                         // stopping: a job that could only end by the failure
+                                         policy == "stop" ? "--steps=100000" : "--steps=200",
+                                         absl::StrCat("--checkpoint_dir=", ckpt), "--checkpoint_every=2",
+                                         "--on_checkpoint_failure=" + policy});
+    ASSERT_TRUE(launcher.ok()) << launcher.status();
+    const absl::Time deadline = absl::Now() + absl::Minutes(2);
+    while (Losses(ReadFile(run_dir + "/launcher.log")).size() < 3 && absl::Now() < deadline) {
+      ASSERT_FALSE(launcher->Poll().has_value()) << ReadFile(run_dir + "/launcher.log");
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    // Out of the way at once (a write may be in flight inside it), then gone.
+    std::filesystem::rename(ckpt, run_dir + "/deleted");
+    std::error_code ignored;
+    for (int tries = 0; tries < 100 && std::filesystem::exists(run_dir + "/deleted"); ++tries) {
+      std::filesystem::remove_all(run_dir + "/deleted", ignored);
+    }
+    std::optional<int> code = launcher->WaitUntil(absl::Now() + absl::Minutes(2));
+    const std::string out = ReadFile(run_dir + "/launcher.log");
+    ASSERT_TRUE(code.has_value()) << out;
+    EXPECT_NE(*code, 0) << out;
+    if (policy == "stop") {
+      EXPECT_THAT(out, ::testing::ContainsRegex("shard server [01] exited early with code 3"));
+      EXPECT_THAT(out, HasSubstr("is gone (deleted while the job ran?)"));
+    } else {
+      EXPECT_EQ(Losses(out).size(), 200u) << out;
+      EXPECT_THAT(out, HasSubstr("the checkpoint of the last step (200) of shard(s) 0, 1 is not in " + ckpt));
+      EXPECT_THAT(ReadFile(run_dir + "/server0.log"), HasSubstr("training goes on WITHOUT it"));
+    }
+    EXPECT_FALSE(std::filesystem::exists(ckpt));
+    EXPECT_EQ(CountProcessesMentioning(run_dir), 0);
+  }
 }
 
 // pshard-trainer refuses, before it connects anywhere, a fabric shaping

@@ -201,8 +201,10 @@ TEST(CheckpointResume, StoppedAndResumedTrainingEqualsUninterruptedBitForBit) {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     ASSERT_TRUE(TrainTinySteps(**cluster, 2, 0, 5).ok());
     ASSERT_TRUE((*cluster)->ReadMasterWeights(5).ok());  // step 4 applied everywhere
-  }  // shutdown writes step 5 on top of the periodic 2 and 4; two are kept
-  for (int s = 0; s < 3; ++s) EXPECT_EQ(ListCheckpointSteps(dir, s, 3), (std::vector<int64_t>{4, 5})) << s;
+  }  // shutdown writes step 5 on top of the periodic 2 and 4; two are kept, and the
+     // two newest steps every shard was known to hold (2 and 4: no agreement
+     // followed the shutdown checkpoint)
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(ListCheckpointSteps(dir, s, 3), (std::vector<int64_t>{2, 4, 5})) << s;
 
   auto resumed = LocalCluster::Start(job, WithCheckpoints(dir, 2));
   ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -257,14 +259,146 @@ TEST(CheckpointResume, ADifferentModelIsRefusedAndTheFilesStay) {
   EXPECT_THAT(refused.status().message(), HasSubstr("d_model=32"));
   EXPECT_EQ(ReadBytes(file), before);
 
-  // A damaged newest checkpoint stops the server instead of training on.
+  // A damaged newest checkpoint is set aside, named, and the one before it
+  // restored; nothing is deleted.
   std::vector<char> damaged = before;
   damaged[damaged.size() - 8] ^= 0x01;
   WriteBytes(file, damaged);
-  auto damaged_start = LocalCluster::Start(job, WithCheckpoints(dir, 1));
-  ASSERT_FALSE(damaged_start.ok());
-  EXPECT_EQ(damaged_start.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(damaged_start.status().message(), HasSubstr(file));
+  {
+    auto fell_back = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+    ASSERT_TRUE(fell_back.ok()) << fell_back.status();
+    EXPECT_EQ((*fell_back)->server(0).state().current_step(), 1);
+    EXPECT_THAT((*fell_back)->server(0).restored_from(), HasSubstr(CheckpointFileName(0, 2, 1)));
+    const std::string aside = (std::filesystem::path(dir) / "damaged" / CheckpointFileName(0, 2, 2)).string();
+    ASSERT_EQ((*fell_back)->server(0).start_notes().size(), 1u);
+    EXPECT_THAT((*fell_back)->server(0).start_notes()[0], HasSubstr(file));
+    EXPECT_THAT((*fell_back)->server(0).start_notes()[0], HasSubstr("set aside as " + aside));
+    EXPECT_EQ(ReadBytes(aside), damaged);
+    EXPECT_EQ((*fell_back)->server(1).state().current_step(), 2);  // its own files are intact
+  }
+
+  // With every file of a shard damaged there is nothing to resume from: refused.
+  for (int64_t step : ListCheckpointSteps(dir, 0, 2)) {
+    const std::string path = (std::filesystem::path(dir) / CheckpointFileName(0, 2, step)).string();
+    std::vector<char> bytes = ReadBytes(path);
+    bytes[bytes.size() - 8] ^= 0x01;
+    WriteBytes(path, bytes);
+  }
+  auto refused_damaged = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_FALSE(refused_damaged.ok());
+  EXPECT_EQ(refused_damaged.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(refused_damaged.status().message(), HasSubstr("every checkpoint of shard 0"));
+  EXPECT_THAT(refused_damaged.status().message(), HasSubstr("--start_fresh"));
+}
+
+// The probe's case: a shard's newest checkpoint is damaged after it was
+// written (and reported), the shard crashes, and the survivor's shutdown
+// checkpoint comes on top. Retention keeps the common step before the
+// newest, the damaged shard falls back to it, the other rolls back to it,
+// and the job ends bit-identical, even with --checkpoint_keep=1.
+TEST(CheckpointResume, ADamagedNewestCheckpointFallsBackToTheCommonStepBeforeAndTheJobEndsBitIdentical) {
+  const JobConfig job = TinyGptJob(2, 1, kTotalSteps);
+  const std::string dir = FreshDir("damaged_newest");
+  {
+    LocalCluster::Options options = WithCheckpoints(dir, 1);
+    options.checkpoint_keep = 1;
+    auto cluster = LocalCluster::Start(job, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    // A step at a time, with a pause: each checkpoint is on disk (and so in
+    // the next step's norm report) before the next step.
+    for (int64_t step = 0; step < 5; ++step) {
+      ASSERT_TRUE(TrainTinySteps(**cluster, 1, step, step + 1).ok());
+      ASSERT_TRUE((*cluster)->ReadMasterWeights(step + 1).ok());
+      absl::SleepFor(absl::Milliseconds(300));
+    }
+  }
+  // Shard 1 "crashed" before its checkpoint of step 5; its step 4 is damaged.
+  std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(1, 2, 5));
+  const std::string damaged = (std::filesystem::path(dir) / CheckpointFileName(1, 2, 4)).string();
+  std::vector<char> bytes = ReadBytes(damaged);
+  bytes[bytes.size() / 2] ^= 0x10;
+  WriteBytes(damaged, bytes);
+  ASSERT_THAT(ListCheckpointSteps(dir, 0, 2), ::testing::Contains(3)) << "retention dropped the common step before";
+
+  auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 5);
+  EXPECT_EQ((*cluster)->server(1).state().current_step(), 3);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / "damaged" / CheckpointFileName(1, 2, 4)));
+  ShardClient::Options options;
+  options.server_addresses = (*cluster)->addresses();
+  options.trainer_rank = 0;
+  options.encodings = WireEncodings(WireEncoding::kFp32);
+  options.transport = "grpc";
+  options.roll_back_to_common_step = true;
+  {
+    auto client = ShardClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_EQ((*client)->joined_step(), 3);
+  }
+  absl::Status trained = TrainTinySteps(**cluster, 1, 3, kTotalSteps);
+  ASSERT_TRUE(trained.ok()) << trained;
+  auto got = (*cluster)->ReadMasterWeights(kTotalSteps);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto want = TrainReference(job, WireEncoding::kFp32, TinyTrainerOptions(7), TestCorpus(), kTotalSteps);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_TRUE(BitIdentical(*got, *want));
+}
+
+// Waits up to 30 s for `server` to report a failure.
+absl::Status FailureOf(ShardServer& server) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (server.failure().ok() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  return server.failure();
+}
+
+TEST(CheckpointFolder, AFolderDeletedWhileTheJobRunsStopsTheServerAndIsNotMadeAgain) {
+  const JobConfig job = TinyGptJob(1, 1, kTotalSteps);
+  const std::string dir = FreshDir("deleted");
+  auto cluster = LocalCluster::Start(job, WithCheckpoints(dir, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(TrainTinySteps(**cluster, 1, 0, 1).ok());
+  ASSERT_TRUE((*cluster)->ReadMasterWeights(1).ok());
+  EXPECT_TRUE((*cluster)->server(0).failure().ok());
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(TrainTinySteps(**cluster, 1, 1, 2).ok());
+  const absl::Status failure = FailureOf((*cluster)->server(0));
+  EXPECT_EQ(failure.code(), absl::StatusCode::kNotFound) << failure;
+  EXPECT_THAT(failure.message(), HasSubstr("checkpoint of step 2"));
+  EXPECT_THAT(failure.message(), HasSubstr("is gone"));
+  EXPECT_FALSE(std::filesystem::exists(dir));
+  EXPECT_THAT((*cluster)->server(0).registry().Serialize(),
+              HasSubstr("pshard_server_checkpoint_failures_total{shard=\"0\"} 1"));
+}
+
+TEST(CheckpointFolder, AFailedWriteStopsTheServerUnlessTheJobChoseToContinue) {
+  const JobConfig job = TinyGptJob(1, 1, kTotalSteps);
+  for (const bool go_on : {false, true}) {
+    SCOPED_TRACE(go_on ? "continue" : "stop");
+    const std::string dir = FreshDir(go_on ? "write_fails_continue" : "write_fails_stop");
+    // Where step 2's file is written first: a folder there makes the write fail.
+    std::filesystem::create_directories(std::filesystem::path(dir) / (CheckpointFileName(0, 1, 2) + ".partial"));
+    LocalCluster::Options options = WithCheckpoints(dir, 1);
+    options.continue_on_checkpoint_failure = go_on;
+    auto cluster = LocalCluster::Start(job, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_TRUE(TrainTinySteps(**cluster, 1, 0, 3).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(3).ok());
+    ShardServer& server = (*cluster)->server(0);
+    const std::string metric = "pshard_server_checkpoint_failures_total{shard=\"0\"} 1";
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (server.registry().Serialize().find(metric) == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_THAT(server.registry().Serialize(), HasSubstr(metric));
+    if (go_on) {
+      EXPECT_TRUE(server.failure().ok()) << server.failure();
+    } else {
+      EXPECT_THAT(server.failure().message(), HasSubstr("the checkpoint of step 2 could not be written"));
+      EXPECT_THAT(server.failure().message(), HasSubstr(".partial"));
+    }
+    EXPECT_THAT(ListCheckpointSteps(dir, 0, 1), ::testing::Contains(1));
+  }
 }
 
 TEST(CheckpointResume, ShardsAtDifferentStepsAreReportedToTrainers) {

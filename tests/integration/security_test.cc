@@ -12,15 +12,18 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/security/caller_authenticator.h"
 #include "common/status_macros.h"
 #include "common/security/security.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "common/square_sum.h"
 #include "proto/rpc_util.h"
+#include "grpcpp/grpcpp.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/server_metrics.h"
 #include "tests/testutil/local_cluster.h"
@@ -333,6 +336,113 @@ TEST_P(SecurityTest, EveryRpcRefusesStrangersCountsThemAndChangesNothing) {
   EXPECT_TRUE(BitIdentical(*trained, *plain));
 }
 
+// A reader (the monitoring role) fetching in more odd int8 block sizes than
+// a shard publishes: each fetch is answered, encoded for it alone, and none
+// takes a place among the formats the shard publishes, so the trainers'
+// own encoding is still there for them.
+TEST_P(SecurityTest, AReaderCannotTakeTheTrainersEncodings) {
+  const JobConfig job = TinyGptJob(2, 1, kSteps);
+  auto cluster = LocalCluster::Start(job, Secured(GetParam()));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto reader = ClientSecurity::Create(Own(GetParam(), Role::kReader), Role::kReader);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (int shard = 0; shard < 2; ++shard) {
+    auto stub = v1::ShardService::NewStub((*reader)->NewChannel((*cluster)->addresses()[shard]));
+    for (const int block : {16, 32, 48, 80, 96, 112}) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      v1::FetchRequest request;
+      request.set_unit(0);
+      request.set_version(0);
+      request.set_encoding(v1::ENCODING_INT8);
+      request.set_quant_block(block);
+      auto stream = stub->Fetch(&ctx, request);
+      v1::FetchChunk chunk;
+      int64_t bytes = 0;
+      while (stream->Read(&chunk)) bytes += static_cast<int64_t>(chunk.data().size());
+      const grpc::Status fetched = stream->Finish();
+      EXPECT_TRUE(fetched.ok()) << "shard " << shard << ", blocks of " << block << ": " << fetched.error_message();
+      EXPECT_GT(bytes, 0) << "shard " << shard << ", blocks of " << block;
+    }
+  }
+  // A trainer with int8 weights of a block size of its own trains (the
+  // shards publish it: the readers' six took none of their four places).
+  auto client = (*cluster)->Connect(0, WireEncodings(WireEncoding::kInt8, WireEncoding::kFp32, 128));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Status trained = Train(client->get(), kSteps);
+  EXPECT_TRUE(trained.ok()) << trained;
+}
+
+// A trainer that posts rendezvous seats and goes away takes them with it:
+// a table the abandoned rounds had filled takes the job's own round.
+TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
+  const JobConfig job = TinyGptJob(2, 2, kSteps);
+  auto cluster = LocalCluster::Start(job, Secured(GetParam()));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto trainer = ClientSecurity::Create(Own(GetParam(), Role::kTrainer), Role::kTrainer);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto stub = v1::ShardService::NewStub((*trainer)->NewChannel((*cluster)->addresses()[0]));
+  auto post = [&](grpc::ClientContext* ctx, const std::string& group, int member, absl::Duration wait) {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + wait));
+    v1::RendezvousRequest request;
+    request.set_group(group);
+    request.set_member(member);
+    request.set_size(2);
+    request.set_payload(absl::StrCat(group, "/", member));
+    v1::RendezvousResponse response;
+    return stub->Rendezvous(ctx, request, &response);
+  };
+
+  // Seats in rounds nobody else joins, an hour's wait each, more than the
+  // table holds: it fills (the rest are refused at once).
+  constexpr int kPosts = 40;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::thread> abandoned;
+  std::vector<grpc::Status> answers(kPosts);
+  for (int i = 0; i < kPosts; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    abandoned.emplace_back([&, i, ctx = contexts.back().get()] {
+      answers[i] = post(ctx, absl::StrCat("abandoned-", i), 0, absl::Hours(1));
+    });
+  }
+  grpc::Status probed;
+  for (absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+    grpc::ClientContext probe;
+    probed = post(&probe, "probe", 0, absl::Milliseconds(300));
+    if (probed.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+  }
+  ASSERT_EQ(probed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << "the abandoned rounds never filled the table: " << probed.error_message();
+
+  // The callers leave.
+  for (auto& ctx : contexts) ctx->TryCancel();
+  int cancelled = 0;
+  for (int i = 0; i < kPosts; ++i) {
+    abandoned[i].join();
+    const grpc::StatusCode code = answers[i].error_code();
+    cancelled += code == grpc::StatusCode::CANCELLED;
+    EXPECT_TRUE(code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << i << ": " << code << " " << answers[i].error_message();
+  }
+  EXPECT_GT(cancelled, 0);
+
+  // The job's round meets (the withdrawals are on the server's time).
+  grpc::Status met0, met1;
+  for (absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+    grpc::ClientContext c0, c1;
+    std::thread member1([&] { met1 = post(&c1, "fabric:0,1", 1, absl::Seconds(5)); });
+    met0 = post(&c0, "fabric:0,1", 0, absl::Seconds(5));
+    member1.join();
+    if (met0.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        met1.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(met0.ok()) << met0.error_message();
+  EXPECT_TRUE(met1.ok()) << met1.error_message();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SecurityTest, ::testing::Values(Mode::kTls, Mode::kTokens, Mode::kTlsAndTokens),
                          [](const auto& info) { return ModeName(info.param); });
 
@@ -441,6 +551,51 @@ TEST(SecurityTest, BadSettingsAreRefusedNamingTheFlag) {
   options.security = missing;
   auto cluster = LocalCluster::Start(TinyGptJob(1, 1, kSteps), options);
   EXPECT_FALSE(cluster.ok());
+}
+
+// Without TLS or tokens anyone may call Announce: it can still not move a
+// shard that answers where it is (export and status would read a stranger's
+// server as that shard). A shard that stopped answering can be moved: a
+// restarted one on a new port.
+TEST(DefaultMode, AnAnnounceCannotMoveALiveShard) {
+  const JobConfig job = TinyGptJob(2, 1, kSteps);
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::string> addresses = (*cluster)->addresses();
+  auto stub = v1::ShardService::NewStub(grpc::CreateChannel(addresses[0], grpc::InsecureChannelCredentials()));
+  auto announce = [&](const std::string& where) {
+    grpc::ClientContext ctx;
+    v1::AnnounceRequest request;
+    request.set_shard_index(1);
+    request.set_port(1);
+    request.set_advertised_address(where);
+    request.set_job_fingerprint(JobFingerprint((*cluster)->server(0).state().job()));
+    v1::AnnounceResponse response;
+    return stub->Announce(&ctx, request, &response);
+  };
+  auto shard1_address = [&] {
+    grpc::ClientContext ctx;
+    v1::StatusResponse status;
+    EXPECT_TRUE(stub->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+    return status.shard_addresses_size() == 2 ? status.shard_addresses(1) : std::string("?");
+  };
+  // Shard 1 announces itself once it is up.
+  for (absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until && shard1_address().empty();) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(shard1_address(), addresses[1]);
+
+  const grpc::Status moved = announce("127.0.0.1:1");
+  EXPECT_EQ(moved.error_code(), grpc::StatusCode::ALREADY_EXISTS) << moved.error_message();
+  EXPECT_THAT(moved.error_message(), ::testing::HasSubstr("shard 1 answers at " + addresses[1]));
+  EXPECT_EQ(shard1_address(), addresses[1]);
+  // The shard itself announcing where it is: accepted, nothing changes.
+  EXPECT_TRUE(announce(addresses[1]).ok());
+
+  (*cluster)->server(1).Shutdown(absl::ZeroDuration());
+  const grpc::Status restarted = announce("127.0.0.1:2");
+  EXPECT_TRUE(restarted.ok()) << restarted.error_message();
+  EXPECT_EQ(shard1_address(), "127.0.0.1:2");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const JobConfi
     spec.checkpoint_every = options.checkpoint_every;
     spec.resume_step = options.resume_step;
     spec.checkpoint_keep = options.checkpoint_keep;
+    spec.continue_on_checkpoint_failure = options.continue_on_checkpoint_failure;
     spec.start_fresh = options.start_fresh;
     spec.allow_schedule_change = options.allow_schedule_change;
     spec.init_from = options.init_from;

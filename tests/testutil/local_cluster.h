@@ -29,6 +29,7 @@ class LocalCluster {
     int64_t checkpoint_every = 0;
     int64_t resume_step = -1;
     int checkpoint_keep = 2;
+    bool continue_on_checkpoint_failure = false;
     bool start_fresh = false;
     bool allow_schedule_change = false;
     std::string init_from;  ///< the servers' initial-weights file (empty: none)

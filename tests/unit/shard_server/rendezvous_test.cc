@@ -123,6 +123,39 @@ TEST(RendezvousTable, DeadlineNamesTheMissingMembersAndWithdrawsThePost) {
   EXPECT_THAT(*m2.Wait(), ElementsAre("fresh", "one", "two"));
 }
 
+TEST(RendezvousTable, AWithdrawnPostIsAnsweredCancelledAndLeavesNothingBehind) {
+  RendezvousTable table;
+  Answer gone, stays;
+  RendezvousTable::Withdraw withdraw_gone = table.Post("alone", 0, 2, "gone", Later(), gone.Callback());
+  table.Post("g", 0, 2, "stays", Later(), stays.Callback());
+  EXPECT_EQ(table.open_rounds(), 2);
+  withdraw_gone();
+  absl::StatusOr<std::vector<std::string>> r = gone.Wait();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(r.status().message(), HasSubstr("rendezvous alone: member 0 went away"));
+  EXPECT_EQ(table.open_rounds(), 1);  // its round was empty: closed
+  withdraw_gone();                    // a second time: nothing
+  // A member of a round others still wait in leaves only its own seat.
+  Answer leaves;
+  RendezvousTable::Withdraw withdraw_leaves = table.Post("three", 1, 3, "leaves", Later(), leaves.Callback());
+  Answer waits;
+  table.Post("three", 0, 3, "zero", Later(), waits.Callback());
+  withdraw_leaves();
+  EXPECT_EQ(leaves.Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(waits.done.HasBeenNotified());
+  Answer one, two;
+  table.Post("three", 1, 3, "one", Later(), one.Callback());
+  table.Post("three", 2, 3, "two", Later(), two.Callback());
+  EXPECT_THAT(*waits.Wait(), ElementsAre("zero", "one", "two"));
+  // Withdrawing a post whose round completed changes nothing.
+  Answer other;
+  RendezvousTable::Withdraw too_late = table.Post("g", 1, 2, "other", Later(), other.Callback());
+  EXPECT_THAT(*stays.Wait(), ElementsAre("stays", "other"));
+  too_late();
+  EXPECT_THAT(*other.Wait(), ElementsAre("stays", "other"));
+  EXPECT_EQ(table.open_rounds(), 0);
+}
+
 TEST(RendezvousTable, APostAgainReplacesTheEarlierOne) {
   RendezvousTable table;
   Answer old_post, new_post, other;
