@@ -6,6 +6,7 @@
 // from tools/make-certs.sh, as users make them.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -381,9 +382,15 @@ TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto trainer = ClientSecurity::Create(Own(GetParam(), Role::kTrainer), Role::kTrainer);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
-  auto stub = v1::ShardService::NewStub((*trainer)->NewChannel((*cluster)->addresses()[0]));
+  auto channel = (*trainer)->NewChannel((*cluster)->addresses()[0]);
+  // Connected before the burst: a handshake that fails under load would
+  // otherwise answer the posts UNAVAILABLE at once, and nothing would fill.
+  ASSERT_TRUE(channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(20))))
+      << "the shard server did not accept a connection within 20 s";
+  auto stub = v1::ShardService::NewStub(channel);
   auto post = [&](grpc::ClientContext* ctx, const std::string& group, int member, absl::Duration wait) {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + wait));
+    ctx->set_wait_for_ready(true);
     v1::RendezvousRequest request;
     request.set_group(group);
     request.set_member(member);
@@ -399,10 +406,13 @@ TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::thread> abandoned;
   std::vector<grpc::Status> answers(kPosts);
+  std::atomic<int> answered_early{0};
+  std::atomic<bool> leaving{false};
   for (int i = 0; i < kPosts; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     abandoned.emplace_back([&, i, ctx = contexts.back().get()] {
       answers[i] = post(ctx, absl::StrCat("abandoned-", i), 0, absl::Hours(1));
+      if (!leaving.load() && answers[i].error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) ++answered_early;
     });
   }
   grpc::Status probed;
@@ -411,14 +421,16 @@ TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
     probed = post(&probe, "probe", 0, absl::Milliseconds(300));
     if (probed.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
   }
+
+  // The callers leave (on every path, so that no thread outlives the test).
+  leaving.store(true);
+  for (auto& ctx : contexts) ctx->TryCancel();
+  for (auto& t : abandoned) t.join();
+  EXPECT_EQ(answered_early.load(), 0) << "abandoned posts were answered before their callers left";
   ASSERT_EQ(probed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << "the abandoned rounds never filled the table: " << probed.error_message();
-
-  // The callers leave.
-  for (auto& ctx : contexts) ctx->TryCancel();
   int cancelled = 0;
   for (int i = 0; i < kPosts; ++i) {
-    abandoned[i].join();
     const grpc::StatusCode code = answers[i].error_code();
     cancelled += code == grpc::StatusCode::CANCELLED;
     EXPECT_TRUE(code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
