@@ -9,7 +9,7 @@
 # configurations require UCX and the PyTorch bridge (configure fails
 # without them, rather than their tests going missing).
 # A run without arguments then builds the fuzzers (./build-fuzz, clang with
-# ASan + UBSan) and runs each for 30 s over its seeds, two at a time
+# ASan + UBSan) and runs each for 20 s over its seeds, two at a time
 # (ctest -L fuzz); PSHARD_TEST_FUZZ=0 skips that, =1 runs it with arguments too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
