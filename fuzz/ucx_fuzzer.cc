@@ -133,7 +133,7 @@ void FuzzUcx(FuzzInput input) {
       UcxService::Start(&shard.state(), &shard.tokens(), &shard.metrics(), options);
   Require(service.ok(), absl::StrCat("UcxService::Start: ", service.status().ToString()));
   std::unique_ptr<Peer> peer = Peer::Connect((*service)->address());
-  const uint64_t tokens[] = {shard.tokens().Issue(0), shard.tokens().Issue(1), shard.tokens().Issue(-1),
+  const uint64_t tokens[] = {shard.tokens().Issue(0).value(), shard.tokens().Issue(1).value(), shard.tokens().Issue(-1).value(),
                              0x5eed5eed5eed5eedull};
   uint64_t probe_count = 0;
   for (std::string_view record : input.Records(16)) {

@@ -22,7 +22,7 @@ metrics::Gauge& StateBytes(metrics::Registry& r, int shard, const char* kind) {
 }
 
 constexpr const char* kReasonNames[kNumRejectReasons] = {"unknown_unit", "stale",  "future_step", "bad_request",
-                                                         "wait_timeout", "cancelled",   "other"};
+                                                         "wait_timeout", "cancelled",   "limit",       "other"};
 constexpr const char* kMethodNames[kNumRpcMethods] = {"Join", "Fetch", "Push", "AgreeNorm", "GetStatus", "ReadMaster", "Rendezvous",
                                                        "Announce", "RollBack"};
 
@@ -151,6 +151,7 @@ void ServerMetrics::Reject(const absl::Status& status) {
     case absl::StatusCode::kInvalidArgument: reason = RejectReason::kBadRequest; break;
     case absl::StatusCode::kDeadlineExceeded: reason = RejectReason::kWaitTimeout; break;
     case absl::StatusCode::kCancelled: reason = RejectReason::kCancelled; break;
+    case absl::StatusCode::kResourceExhausted: reason = RejectReason::kLimit; break;
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
       return;  // counted by refused_calls, with the method and the reason

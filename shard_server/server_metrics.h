@@ -15,8 +15,8 @@
 namespace pshard {
 
 /// Why a request was refused (a bounded label).
-enum class RejectReason { kUnknownUnit, kStale, kFutureStep, kBadRequest, kWaitTimeout, kCancelled, kOther };
-inline constexpr int kNumRejectReasons = 7;
+enum class RejectReason { kUnknownUnit, kStale, kFutureStep, kBadRequest, kWaitTimeout, kCancelled, kLimit, kOther };
+inline constexpr int kNumRejectReasons = 8;
 
 /// RPC methods (a bounded label).
 enum class RpcMethod {

@@ -28,6 +28,11 @@ JoinFailure ClassifyJoinFailure(const grpc::Status& status) {
   JoinFailure f;
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     f.reason = "not answering";
+  } else if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+             absl::StrContains(message, "live sessions")) {
+    // Every session of this rank is in use (another process joined as it):
+    // one falls idle within seconds unless that process keeps using it.
+    f.reason = absl::StrCat("every session of this rank is in use (", message, ")");
   } else if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
     // The server answered and said no (another job's rules, not a pshard
     // server, a bad rank): retrying cannot change that.
@@ -116,6 +121,7 @@ absl::StatusOr<std::vector<v1::JoinResponse>> JoinServers(const JoinSpec& spec) 
       v1::JoinRequest request;
       request.set_trainer_rank(spec.trainer_rank);
       request.set_metrics_address(spec.metrics_address);
+      if (i < spec.previous_tokens.size()) request.set_previous_session_token(spec.previous_tokens[i]);
       if (spec.grad_format) {
         request.set_grad_encoding(EncodingToProto(spec.grad_format->encoding()));
         request.set_quant_block(spec.grad_format->block());

@@ -30,6 +30,9 @@ struct JoinSpec {
   std::string metrics_address;
   /// How the trainer pushes gradients (unset: a tool that does not push).
   std::optional<WireFormat> grad_format;
+  /// Per address, the session token its server gave this trainer at its
+  /// last join (0 or missing: none); the server retires it.
+  std::vector<uint64_t> previous_tokens;
   /// The whole join gives up after this.
   absl::Duration timeout = absl::Seconds(60);
   /// A server name that has not resolved for this long is an error (a

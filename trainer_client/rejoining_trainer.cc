@@ -53,6 +53,9 @@ absl::StatusOr<StepReport> RejoiningTrainer::Step() {
 absl::StatusOr<int64_t> RejoiningTrainer::Rejoin(const absl::Status& failure, absl::Time give_up) {
   absl::Status last = failure;
   trainer_.reset();
+  // Rejoining retires these sessions on their servers (they do not hold
+  // places of this rank while the new ones are made).
+  if (client_) previous_sessions_ = client_->sessions();
   client_.reset();  // cancels and drains its transfers
   for (absl::Duration backoff = absl::Milliseconds(100);; backoff = std::min(2 * backoff, absl::Seconds(5))) {
     if (options_.stopping && options_.stopping()) return absl::CancelledError("stopped while rejoining");
@@ -64,6 +67,7 @@ absl::StatusOr<int64_t> RejoiningTrainer::Rejoin(const absl::Status& failure, ab
     absl::SleepFor(std::min(backoff, give_up - absl::Now()));
     ShardClient::Options again = options_.client;
     again.roll_back_to_common_step = true;
+    again.previous_sessions = previous_sessions_;
     again.join_timeout = std::max(absl::Seconds(1), give_up - absl::Now());
     absl::StatusOr<std::unique_ptr<ShardClient>> joined = ShardClient::Connect(again);
     if (!joined.ok()) {

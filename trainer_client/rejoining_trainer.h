@@ -62,6 +62,8 @@ class RejoiningTrainer {
   const uint64_t fingerprint_;
   std::unique_ptr<ShardClient> client_;
   std::unique_ptr<Trainer> trainer_;
+  /// Server address -> this trainer's session there, as of the last client.
+  absl::flat_hash_map<std::string, uint64_t> previous_sessions_;
   int64_t next_step_ = 0;
   int rejoins_ = 0;
 };

@@ -265,6 +265,10 @@ absl::StatusOr<std::unique_ptr<ShardClient>> ShardClient::Connect(Options option
     join.stubs.push_back(stubs.back().get());
   }
   join.addresses = options.server_addresses;
+  for (const std::string& address : options.server_addresses) {
+    auto previous = options.previous_sessions.find(address);
+    join.previous_tokens.push_back(previous == options.previous_sessions.end() ? 0 : previous->second);
+  }
   join.trainer_rank = options.trainer_rank;
   join.metrics_address = options.metrics_address;
   if (options.trainer_rank >= 0) join.grad_format = options.encodings.grad_format();
@@ -556,6 +560,14 @@ std::span<float> ShardClient::GroupResidual(int unit) {
   std::vector<float>& residual = residuals_[unit];
   if (residual.empty()) residual.assign(layout_.partitions[unit].padded_numel(), 0.0f);
   return residual;
+}
+
+absl::flat_hash_map<std::string, uint64_t> ShardClient::sessions() const {
+  absl::flat_hash_map<std::string, uint64_t> tokens;
+  for (const auto& shard : shards_) {
+    if (shard) tokens[shard->address] = shard->session_token;
+  }
+  return tokens;
 }
 
 int64_t ShardClient::residual_bytes() const {

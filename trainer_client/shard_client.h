@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -104,6 +105,9 @@ class ShardClient {
   struct Options {
     std::vector<std::string> server_addresses;  ///< all N servers, any order
     int trainer_rank = 0;                       ///< -1 for tools that only read
+    /// Server address -> the session token it gave this trainer at its last
+    /// join (sessions() of the client this one replaces): retired there.
+    absl::flat_hash_map<std::string, uint64_t> previous_sessions;
     WireEncodings encodings;  ///< of fetched weights and of pushed gradients
     /// Quantized gradients (int8, int4): add each slice's quantization
     /// residual of the last push to the next gradient of the same slice.
@@ -164,6 +168,8 @@ class ShardClient {
   const JobLayout& layout() const { return layout_; }
   /// The step the servers were at when this client joined.
   int64_t joined_step() const { return joined_step_; }
+  /// Server address -> the session token it gave at this join.
+  absl::flat_hash_map<std::string, uint64_t> sessions() const;
   const Options& options() const { return options_; }
   /// The data path to `shard` ("grpc", "ucx"): its metrics label.
   std::string transport_name(int shard) const;

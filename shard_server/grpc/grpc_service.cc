@@ -375,6 +375,15 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
     }
     grads = *format;
   }
+  // Before anything is recorded: a Join refused for want of a session
+  // changes nothing.
+  absl::StatusOr<uint64_t> session = options_.tokens->Issue(rank, request->previous_session_token());
+  if (!session.ok()) {
+    FinishUnary(reactor, RpcMethod::kJoin, start,
+                absl::Status(session.status().code(),
+                             absl::StrCat("shard ", state_->shard_index(), ": ", session.status().message())));
+    return reactor;
+  }
   if (rank >= 0) {
     absl::MutexLock lock(&joined_mu_);
     joined_[rank] = request->metrics_address();
@@ -387,7 +396,7 @@ grpc::ServerUnaryReactor* ShardServiceImpl::Join(grpc::CallbackServerContext* ct
   for (const UnitSpec& u : state_->layout().spec.units) response->add_unit_numels(u.numel);
   response->set_job_fingerprint(fingerprint_);
   response->set_ucx_address(options_.ucx_address);
-  response->set_session_token(options_.tokens->Issue(rank));
+  response->set_session_token(*session);
   FinishUnary(reactor, RpcMethod::kJoin, start, absl::OkStatus());
   return reactor;
 }

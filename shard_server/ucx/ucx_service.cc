@@ -46,7 +46,7 @@ absl::Status UnknownToken() {
 
 struct UcxService::Impl : std::enable_shared_from_this<Impl> {
   ShardState* state = nullptr;
-  const SessionTokens* tokens = nullptr;
+  SessionTokens* tokens = nullptr;
   ServerMetrics* metrics = nullptr;
   Options options;
   std::unique_ptr<ucx::UcxWorker> worker;
@@ -364,7 +364,7 @@ ucs_status_t UcxService::Impl::OnHello(void* arg, const void* header, size_t hea
 
 // ---- the handle ----
 
-absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state, const SessionTokens* tokens,
+absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state, SessionTokens* tokens,
                                                               ServerMetrics* metrics, Options options) {
   auto impl = std::make_shared<Impl>();
   impl->state = state;

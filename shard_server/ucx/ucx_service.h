@@ -23,7 +23,7 @@ class UcxService {
   struct Options {
     absl::Duration fetch_wait_limit = absl::Seconds(120);  ///< longest a fetch waits for a version
   };
-  static absl::StatusOr<std::unique_ptr<UcxService>> Start(ShardState* state, const SessionTokens* tokens,
+  static absl::StatusOr<std::unique_ptr<UcxService>> Start(ShardState* state, SessionTokens* tokens,
                                                            ServerMetrics* metrics, Options options);
   /// Stops serving; fetches still waiting for a version are dropped.
   ~UcxService();

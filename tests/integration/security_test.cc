@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "pshard/config.h"
 #include "common/security/caller_authenticator.h"
 #include "common/status_macros.h"
 #include "common/security/security.h"
@@ -27,6 +28,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/shard.grpc.pb.h"
 #include "shard_server/server_metrics.h"
+#include "shard_server/session_tokens.h"
 #include "tests/testutil/local_cluster.h"
 #include "tests/testutil/reference_training.h"
 #include "tests/testutil/tiny_job.h"
@@ -372,6 +374,49 @@ TEST_P(SecurityTest, AReaderCannotTakeTheTrainersEncodings) {
   ASSERT_TRUE(client.ok()) << client.status();
   const absl::Status trained = Train(client->get(), kSteps);
   EXPECT_TRUE(trained.ok()) << trained;
+}
+
+// Joins as a trainer's rank, as many as one likes, with a trainer's own
+// credentials, cannot take its live UCX session: once the rank's places are
+// full of live sessions they are refused (and counted), and the trainer
+// trains on over UCX to the end.
+TEST_P(SecurityTest, JoinsAsATrainersRankCannotEvictItsLiveSession) {
+  if (!PSHARD_WITH_UCX) GTEST_SKIP() << "built without UCX";
+  const JobConfig job = TinyGptJob(1, 1, kSteps);
+  auto cluster = LocalCluster::Start(job, Secured(GetParam()));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto victim = (*cluster)->Connect(0, WireEncoding::kFp32, "ucx");
+  ASSERT_TRUE(victim.ok()) << victim.status();
+  auto trainer = Trainer::Create(victim->get(), &TestCorpus(), TinyTrainerOptions(5));
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE((*trainer)->RunStep(0).ok());  // its session is in use
+
+  auto thief = ClientSecurity::Create(Own(GetParam(), Role::kTrainer), Role::kTrainer);
+  ASSERT_TRUE(thief.ok()) << thief.status();
+  auto stub = v1::ShardService::NewStub((*thief)->NewChannel((*cluster)->addresses()[0]));
+  int refused = 0;
+  for (int i = 0; i < 3 * static_cast<int>(SessionTokens::kPerRank); ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::JoinRequest request;
+    request.set_trainer_rank(0);
+    v1::JoinResponse response;
+    const grpc::Status joined = stub->Join(&ctx, request, &response);
+    if (joined.ok()) continue;
+    ++refused;
+    EXPECT_EQ(joined.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << joined.error_message();
+    EXPECT_THAT(joined.error_message(), ::testing::HasSubstr("trainer 0 already holds 8 live sessions"));
+  }
+  EXPECT_GE(refused, 2 * static_cast<int>(SessionTokens::kPerRank));
+  absl::StatusOr<MetricsText> page = ParseMetricsText((*cluster)->server(0).registry().Serialize());
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_GE(SampleValue(*page, "pshard_server_rejected_requests_total", {{"reason", "limit"}}).value_or(0),
+            refused);
+
+  for (int64_t step = 1; step < kSteps; ++step) {
+    const absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
+    ASSERT_TRUE(report.ok()) << "step " << step << ": " << report.status();
+  }
 }
 
 // A trainer that posts rendezvous seats and goes away takes them with it:
