@@ -176,7 +176,8 @@ InProcessShard::InProcessShard() : parts_(std::make_unique<Parts>()) {
   options.tokens = &p.tokens;
   options.own_address = "shard-0.fuzz:7070";
   options.authenticator = &SharedAuthenticator();
-  options.roll_back = [this](int64_t step, int rank) { return RollBack(step, rank); };
+  // The harness's own rollback (no other shard to ask for evidence).
+  options.roll_back = [this](int64_t step, int rank, const std::vector<std::string>&) { return RollBack(step, rank); };
   p.service = std::make_unique<ShardServiceImpl>(state_.get(), p.coordinator.get(),
                                                  &SharedMetrics(state_->num_units()), options);
   grpc::ServerBuilder builder;

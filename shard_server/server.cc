@@ -39,6 +39,7 @@ struct ShardServer::Impl {
   std::shared_ptr<NormCoordinator> coordinator;  // shard 0 only
   std::unique_ptr<v1::ShardService::Stub> coordinator_stub;  // other shards
   std::unique_ptr<CallerAuthenticator> authenticator;
+  std::shared_ptr<const ClientSecurity> as_server;  // how it calls other shards
   SessionTokens tokens;
 #if PSHARD_WITH_UCX
   std::unique_ptr<UcxService> ucx;
@@ -316,10 +317,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   // Credentials first: a server that cannot authenticate must not start open.
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, ServerCredentialsFor(spec.security));
   ASSIGN_OR_RETURN(std::unique_ptr<CallerAuthenticator> authenticator, CallerAuthenticator::Create(spec.security));
-  std::shared_ptr<const ClientSecurity> as_server;
-  if (spec.shard_index != 0) {
-    ASSIGN_OR_RETURN(as_server, ClientSecurity::Create(spec.security, Role::kServer));
-  }
+  // How this server calls the others (shard 0, a restarted shard).
+  ASSIGN_OR_RETURN(std::shared_ptr<const ClientSecurity> as_server, ClientSecurity::Create(spec.security, Role::kServer));
   std::unique_ptr<ShardServer> server(new ShardServer());
   if (spec.checkpoint_every < 0 || spec.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint interval ", spec.checkpoint_every, " and count kept ",
@@ -343,6 +342,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   server->impl_ = std::make_unique<Impl>();
   Impl& impl = *server->impl_;
   impl.authenticator = std::move(authenticator);
+  impl.as_server = as_server;
   impl.checkpoint_keep = spec.checkpoint_keep;
   impl.continue_on_checkpoint_failure = spec.continue_on_checkpoint_failure;
   if (!spec.checkpoint_dir.empty()) {
@@ -405,7 +405,10 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.coordinator_address = spec.coordinator_address;
   options.own_address = spec.advertise_address;
   options.authenticator = impl.authenticator.get();
-  options.roll_back = [raw = server.get()](int64_t step, int rank) { return raw->RollBack(step, rank); };
+  options.roll_back = [raw = server.get()](int64_t step, int rank, const std::vector<std::string>& restarted) {
+    return raw->RollBack(step, rank, restarted);
+  };
+  if (!server->restored_from_.empty()) options.restored_step = server->state_->current_step();
   if (spec.shard_index == 0 && !spec.security.any()) options.answers_as_shard = ShardAnswersAt;
 #if PSHARD_WITH_UCX
   if (spec.enable_ucx) {
@@ -535,7 +538,40 @@ void ShardServer::SaveCheckpoint() {
   });
 }
 
-absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
+namespace {
+
+// The shard among `addresses` that restarted from its checkpoint of `step`
+// and is still at it (asked with GetStatus): the evidence a rollback needs.
+absl::StatusOr<int> RestartedShardAt(int64_t step, const std::vector<std::string>& addresses, int self,
+                                     const ClientSecurity& security, uint64_t fingerprint) {
+  std::vector<std::string> seen;
+  for (const std::string& address : addresses) {
+    std::unique_ptr<v1::ShardService::Stub> stub = v1::ShardService::NewStub(security.NewChannel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    v1::StatusResponse status;
+    if (const grpc::Status s = stub->GetStatus(&ctx, v1::StatusRequest(), &status); !s.ok()) {
+      seen.push_back(absl::StrCat(address, " did not answer (", s.error_message(), ")"));
+    } else if (status.job_fingerprint() != fingerprint || status.shard_index() == self) {
+      seen.push_back(absl::StrCat(address, " is not another shard of this job"));
+    } else if (status.current_step() != step || status.restored_step() != step) {
+      seen.push_back(absl::StrCat(address, " (shard ", status.shard_index(), ") is at step ", status.current_step(),
+                                  status.restored_step() < 0
+                                      ? std::string(", not restored from a checkpoint")
+                                      : absl::StrCat(", restored at step ", status.restored_step())));
+    } else {
+      return status.shard_index();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "no shard of this job restarted from its checkpoint of step ", step, " and is still there (",
+      seen.empty() ? std::string("the rollback names none") : absl::StrJoin(seen, "; "),
+      "): a rollback is only for a shard that restarted, once"));
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank, const std::vector<std::string>& restarted) {
   Impl& impl = *impl_;
   const int shard = state_->shard_index();
   absl::MutexLock lock(&impl.driver_mu);
@@ -563,6 +599,12 @@ absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
                                                       " and cannot go back to step ", step, ": ",
                                                       checkpoint.status().message(), common));
   }
+  absl::StatusOr<int> behind = RestartedShardAt(step, restarted, shard, *impl.as_server, JobFingerprint(state_->job()));
+  if (!behind.ok()) {
+    impl.metrics->refused_rollbacks.Increment();
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " at step ", from, " does not roll back to step ",
+                                                      step, " for trainer ", rank, ": ", behind.status().message()));
+  }
   impl.driver.reset();  // between steps from here on
   const absl::Status rolled = state_->RollBack(*std::move(checkpoint), rank);
   if (rolled.ok()) {
@@ -573,8 +615,8 @@ absl::StatusOr<int64_t> ShardServer::RollBack(int64_t step, int rank) {
     impl.metrics->step.Set(static_cast<double>(step));
     std::fprintf(stderr,
                  "pshard-server: shard %d rolled back from step %lld to its checkpoint of step %lld (asked by "
-                 "trainer %d): another shard restarted there; the trainers redo the steps since\n",
-                 shard, static_cast<long long>(from), static_cast<long long>(step), rank);
+                 "trainer %d): shard %d restarted there; the trainers redo the steps since\n",
+                 shard, static_cast<long long>(from), static_cast<long long>(step), rank, *behind);
   }
   impl.StartDriver(state_.get());
   if (!rolled.ok()) return rolled;

@@ -102,7 +102,11 @@ class ShardServer {
   /// Aborted, and stepping resumes at `step`. Returns the step the shard is
   /// at; at `step` already, does nothing. FailedPrecondition, changing
   /// nothing, when `step` is ahead or its checkpoint is not on disk.
-  absl::StatusOr<int64_t> RollBack(int64_t step, int rank);
+  /// Only for a restart: one of `restarted` (addresses) must be a shard of
+  /// this job that started from its checkpoint of `step` and is still at
+  /// it (GetStatus), else FailedPrecondition, changing nothing; so a
+  /// rollback happens once per restart, and never when nothing restarted.
+  absl::StatusOr<int64_t> RollBack(int64_t step, int rank, const std::vector<std::string>& restarted);
   /// The newest step whose checkpoint every shard of the job is known to
   /// hold (-1: none known); retention keeps it and the common step before it.
   int64_t common_checkpoint_step() const;

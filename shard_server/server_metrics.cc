@@ -84,6 +84,10 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
                     .Add(Shard(shard))),
       rolled_back_steps(r.AddCounter("pshard_server_rolled_back_steps_total",
                                      "Steps those rollbacks undid; the trainers redo them.")
+                            .Add(Shard(shard))),
+      refused_rollbacks(r.AddCounter("pshard_server_refused_rollbacks_total",
+                                     "RollBacks this shard refused because no shard of the job had restarted from "
+                                     "a checkpoint of their step and was still there.")
                             .Add(Shard(shard))) {
   checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");

@@ -81,6 +81,7 @@ class ServerMetrics {
   metrics::Counter& checkpoint_failures;  ///< checkpoints asked for and not written
   metrics::Counter& rollbacks;          ///< times this shard went back to a checkpointed step
   metrics::Counter& rolled_back_steps;  ///< steps undone by them (redone by the trainers)
+  metrics::Counter& refused_rollbacks;  ///< RollBacks refused: no shard restarted at their step
   std::vector<metrics::Gauge*> unit_version;
 
  private:

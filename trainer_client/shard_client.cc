@@ -165,6 +165,10 @@ absl::Status RollBackServers(const std::vector<v1::ShardService::Stub*>& stubs,
     request.set_step(step);
     request.set_job_fingerprint(fingerprint);
     request.set_trainer_rank(rank);
+    // The restarted servers: each server asked checks one of them.
+    for (size_t j = 0; j < stubs.size(); ++j) {
+      if (steps[j] == step) request.add_restarted_addresses(addresses[j]);
+    }
     v1::RollBackResponse response;
     if (grpc::Status s = stubs[i]->RollBack(&ctx, request, &response); !s.ok()) {
       return absl::Status(FromGrpcStatus(s).code(),

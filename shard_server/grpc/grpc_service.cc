@@ -518,6 +518,8 @@ grpc::ServerUnaryReactor* ShardServiceImpl::GetStatus(grpc::CallbackServerContex
     for (const std::string& a : shard_addresses_) response->add_shard_addresses(a);
   }
   response->set_coordinator_address(options_.coordinator_address);
+  response->set_restored_step(options_.restored_step);
+  response->set_job_fingerprint(fingerprint_);
   auto* reactor = ctx->DefaultReactor();
   FinishUnary(reactor, RpcMethod::kGetStatus, start, absl::OkStatus());
   return reactor;
@@ -651,10 +653,29 @@ grpc::ServerUnaryReactor* ShardServiceImpl::RollBack(grpc::CallbackServerContext
                 absl::UnimplementedError(absl::StrCat("shard ", state_->shard_index(), " cannot roll back")));
     return reactor;
   }
-  // Stopping and restarting the step driver takes up to a second: not on
-  // gRPC's callback thread. The gRPC server's shutdown waits for this call.
-  std::thread([this, reactor, response, start, step = request->step(), rank = request->trainer_rank()] {
-    absl::StatusOr<int64_t> now = options_.roll_back(step, rank);
+  if (request->restarted_addresses_size() > state_->job().num_shards) {
+    FinishUnary(reactor, RpcMethod::kRollBack, start,
+                absl::InvalidArgumentError(absl::StrCat("a rollback names ", request->restarted_addresses_size(),
+                                                        " restarted servers; the job has ",
+                                                        state_->job().num_shards, " shards")));
+    return reactor;
+  }
+  std::vector<std::string> restarted;
+  for (const std::string& a : request->restarted_addresses()) {
+    if (a.size() > kMaxAddressBytes) {
+      FinishUnary(reactor, RpcMethod::kRollBack, start,
+                  absl::InvalidArgumentError(absl::StrCat("a restarted server's address of ", a.size(),
+                                                          " bytes: at most ", kMaxAddressBytes)));
+      return reactor;
+    }
+    restarted.push_back(a);
+  }
+  // Stopping and restarting the step driver takes up to a second, and the
+  // restarted shard is asked first: not on gRPC's callback thread. The gRPC
+  // server's shutdown waits for this call.
+  std::thread([this, reactor, response, start, step = request->step(), rank = request->trainer_rank(),
+               restarted = std::move(restarted)] {
+    absl::StatusOr<int64_t> now = options_.roll_back(step, rank, restarted);
     if (now.ok()) response->set_current_step(*now);
     FinishUnary(reactor, RpcMethod::kRollBack, start, now.status());
   }).detach();

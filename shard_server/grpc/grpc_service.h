@@ -49,7 +49,12 @@ class ShardServiceImpl final : public ShardServiceBase {
     /// Takes the server back to its checkpoint of `step` for trainer `rank`
     /// (the RollBack RPC; blocks while the step driver stops and restarts)
     /// and returns the step it is at; empty: RollBack is refused.
-    std::function<absl::StatusOr<int64_t>(int64_t step, int rank)> roll_back;
+    /// `restarted`: the RollBack's restarted_addresses (checked by the callee).
+    std::function<absl::StatusOr<int64_t>(int64_t step, int rank, const std::vector<std::string>& restarted)>
+        roll_back;
+    /// GetStatus.restored_step: the step restored from a checkpoint at start
+    /// (-1: none).
+    int64_t restored_step = -1;
     /// Shard 0 of a job without TLS or tokens, where anyone may call
     /// Announce: true when shard `shard` answers at `address` (a probe with
     /// a short deadline). An Announce that would move a shard to another

@@ -434,7 +434,7 @@ TEST(CheckpointResume, ARejoiningTrainerRollsTheShardsAheadBackAndTheJobEndsBitI
 
   // A step without a checkpoint (step 0, the seed's, is never written) is
   // refused, and nothing changes.
-  absl::StatusOr<int64_t> refused = (*cluster)->server(0).RollBack(0, 0);
+  absl::StatusOr<int64_t> refused = (*cluster)->server(0).RollBack(0, 0, (*cluster)->addresses());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.status().message(), HasSubstr("cannot go back to step 0"));

@@ -27,6 +27,7 @@
 #include "proto/rpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/shard.grpc.pb.h"
+#include "shard_server/checkpoint.h"
 #include "shard_server/server_metrics.h"
 #include "shard_server/session_tokens.h"
 #include "tests/testutil/local_cluster.h"
@@ -417,6 +418,85 @@ TEST_P(SecurityTest, JoinsAsATrainersRankCannotEvictItsLiveSession) {
     const absl::StatusOr<StepReport> report = (*trainer)->RunStep(step);
     ASSERT_TRUE(report.ok()) << "step " << step << ": " << report.status();
   }
+}
+
+// RollBack with a trainer's credentials: while no shard restarted (every
+// server restored at the same step, or stepping on together), each server
+// refuses it, whatever step or servers it names, and counts it; after a
+// real restart behind it, the shard ahead goes back once, and once the job
+// has stepped on, asking again changes nothing.
+TEST_P(SecurityTest, RollBackNeedsARestartedShardAndHappensOncePerRestart) {
+  const JobConfig job = TinyGptJob(2, 1, 8);
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/pshard-security-rollback-", getpid());
+  std::filesystem::remove_all(dir);
+  LocalCluster::Options options = Secured(GetParam());
+  options.checkpoint_dir = dir;
+  options.checkpoint_every = 1;
+  {
+    auto cluster = LocalCluster::Start(job, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_TRUE(Train(client->get(), 4).ok());
+    ASSERT_TRUE((*cluster)->ReadMasterWeights(4).ok());
+  }
+  auto trainer = ClientSecurity::Create(Own(GetParam(), Role::kTrainer), Role::kTrainer);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto roll_back = [&](LocalCluster& cluster, int shard, int64_t step) {
+    auto stub = v1::ShardService::NewStub((*trainer)->NewChannel(cluster.addresses()[shard]));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    v1::RollBackRequest request;
+    request.set_step(step);
+    request.set_job_fingerprint(JobFingerprint(cluster.server(shard).state().job()));
+    request.set_trainer_rank(0);
+    for (const std::string& a : cluster.addresses()) request.add_restarted_addresses(a);
+    v1::RollBackResponse response;
+    return stub->RollBack(&ctx, request, &response);
+  };
+  auto refused_rollbacks = [](LocalCluster& cluster, int shard) {
+    absl::StatusOr<MetricsText> page = ParseMetricsText(cluster.server(shard).registry().Serialize());
+    EXPECT_TRUE(page.ok()) << page.status();
+    return page.ok() ? SampleValue(*page, "pshard_server_refused_rollbacks_total", {}).value_or(-1) : -1;
+  };
+
+  {  // Both shards restored at step 4: nothing restarted behind anyone.
+    auto cluster = LocalCluster::Start(job, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    for (int shard = 0; shard < 2; ++shard) {
+      for (int64_t step : {3, 2}) {
+        const grpc::Status s = roll_back(**cluster, shard, step);
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << shard << " " << step;
+        EXPECT_THAT(s.error_message(), ::testing::HasSubstr("no shard of this job restarted from its checkpoint of step"))
+            << s.error_message();
+      }
+      EXPECT_EQ((*cluster)->server(shard).state().current_step(), 4);
+      EXPECT_EQ(refused_rollbacks(**cluster, shard), 2);
+    }
+  }
+  // Shard 1 restarts behind: its checkpoint of step 4 is gone, it restores 3.
+  std::filesystem::remove(std::filesystem::path(dir) / CheckpointFileName(1, 2, 4));
+  auto cluster = LocalCluster::Start(job, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_EQ((*cluster)->server(0).state().current_step(), 4);
+  ASSERT_EQ((*cluster)->server(1).state().current_step(), 3);
+  const grpc::Status back = roll_back(**cluster, 0, 3);
+  ASSERT_TRUE(back.ok()) << back.error_message();
+  EXPECT_EQ((*cluster)->server(0).state().current_step(), 3);
+  // The job steps on from 3 (the trainer redoes step 3)...
+  auto client = (*cluster)->Connect(0, WireEncoding::kFp32);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto stepping = Trainer::Create(client->get(), &TestCorpus(), TinyTrainerOptions(5));
+  ASSERT_TRUE(stepping.ok()) << stepping.status();
+  ASSERT_TRUE((*stepping)->RunStep(3).ok());
+  ASSERT_TRUE((*cluster)->ReadMasterWeights(4).ok());
+  // ...and the same restart is no reason to go back again.
+  for (int shard = 0; shard < 2; ++shard) {
+    const grpc::Status again = roll_back(**cluster, shard, 3);
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << again.error_message();
+    EXPECT_EQ((*cluster)->server(shard).state().current_step(), 4);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A trainer that posts rendezvous seats and goes away takes them with it:
