@@ -41,6 +41,7 @@ struct ShardServer::Impl {
   std::unique_ptr<CallerAuthenticator> authenticator;
   std::shared_ptr<const ClientSecurity> as_server;  // how it calls other shards
   SessionTokens tokens;
+  std::unique_ptr<WaitingFetches> waiting_fetches;
 #if PSHARD_WITH_UCX
   std::unique_ptr<UcxService> ucx;
 #endif
@@ -402,6 +403,8 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
   options.tokens = &impl.tokens;
+  impl.waiting_fetches = std::make_unique<WaitingFetches>(spec.waiting_fetch_limits, &impl.metrics->waiting_fetches);
+  options.waiting_fetches = impl.waiting_fetches.get();
   options.coordinator_address = spec.coordinator_address;
   options.own_address = spec.advertise_address;
   options.authenticator = impl.authenticator.get();
@@ -414,6 +417,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   if (spec.enable_ucx) {
     UcxService::Options ucx_options;
     ucx_options.fetch_wait_limit = spec.fetch_wait_limit;
+    ucx_options.waiting_fetches = impl.waiting_fetches.get();
     absl::StatusOr<std::unique_ptr<UcxService>> ucx =
         UcxService::Start(server->state_.get(), &impl.tokens, impl.metrics.get(), ucx_options);
     if (ucx.ok()) {

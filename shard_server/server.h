@@ -13,6 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/security/security.h"
 #include "shard_server/shard_state.h"
+#include "shard_server/waiting_fetches.h"
 
 namespace pshard {
 
@@ -29,6 +30,8 @@ class ShardServer {
     /// shard 0 sees this server's calls come from, with its port.
     std::string advertise_address;
     absl::Duration fetch_wait_limit = absl::Seconds(120);
+    /// Fetches held unanswered, per connection and in all (docs/security.md).
+    WaitingFetches::Limits waiting_fetch_limits;
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
     int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk

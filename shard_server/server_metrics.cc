@@ -88,7 +88,11 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       refused_rollbacks(r.AddCounter("pshard_server_refused_rollbacks_total",
                                      "RollBacks this shard refused because no shard of the job had restarted from "
                                      "a checkpoint of their step and was still there.")
-                            .Add(Shard(shard))) {
+                            .Add(Shard(shard))),
+      waiting_fetches(r.AddGauge("pshard_server_waiting_fetches",
+                                 "Fetches this shard holds, not yet answered (most wait for their version); "
+                                 "capped per connection and in all, past which fetches are refused (reason limit).")
+                          .Add(Shard(shard))) {
   checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (const std::string& transport : transports) {

@@ -82,6 +82,7 @@ class ServerMetrics {
   metrics::Counter& rollbacks;          ///< times this shard went back to a checkpointed step
   metrics::Counter& rolled_back_steps;  ///< steps undone by them (redone by the trainers)
   metrics::Counter& refused_rollbacks;  ///< RollBacks refused: no shard restarted at their step
+  metrics::Gauge& waiting_fetches;      ///< fetches not yet answered (WaitingFetches)
   std::vector<metrics::Gauge*> unit_version;
 
  private:

@@ -20,8 +20,15 @@ namespace {
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(ShardState* state, ServerMetrics* metrics, const grpc::ByteBuffer& request_frame,
-               absl::Time wait_deadline, int64_t chunk_bytes, bool adds_format)
+               absl::Time wait_deadline, int64_t chunk_bytes, bool adds_format, WaitingFetches* waiting,
+               const std::string& connection)
       : state_(state), metrics_(metrics), start_(absl::Now()), adds_format_(adds_format) {
+    absl::StatusOr<std::shared_ptr<WaitingFetches::Place>> place =
+        waiting != nullptr ? waiting->Take(connection) : nullptr;
+    if (!place.ok()) {
+      FinishWith(place.status());
+      return;
+    }
     absl::Status status = ParseMessage(request_frame, &request_);
     absl::StatusOr<WireFormat> format = WireFormat();
     if (status.ok()) {
@@ -37,7 +44,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     format_ = *format;
     slice_length_ = state->slice_length(request_.unit());
     chunk_elements_ = static_cast<int64_t>(format_.ElementsPerPiece(static_cast<size_t>(chunk_bytes)));
-    waiter_ = std::make_shared<OneShotWaiter>([this](absl::Status s) {
+    // The place is given back once the wait ends (published, deadline, or
+    // cancelled); streaming the slice does not count.
+    waiter_ = std::make_shared<OneShotWaiter>([this, place = *std::move(place)](absl::Status s) mutable {
+      place.reset();
       if (!s.ok()) return FinishWith(s);
       absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
           state_->Published(request_.unit(), request_.version(), format_, adds_format_);
@@ -408,7 +418,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::Fetch(grpc::Callba
     return new RefusedFetch(refused);
   }
   return new FetchReactor(state_, metrics_, *request, WaitDeadline(ctx, options_.fetch_wait_limit),
-                          options_.fetch_chunk_bytes, /*adds_format=*/role != Role::kReader);
+                          options_.fetch_chunk_bytes, /*adds_format=*/role != Role::kReader, options_.waiting_fetches,
+                          ctx->peer());
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,

@@ -144,10 +144,23 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
     const absl::Duration client = absl::Milliseconds(h.wait_ms);
     wait = std::min(wait, client - std::min(absl::Milliseconds(500), client / 10));
   }
+  std::shared_ptr<WaitingFetches::Place> place;
+  if (self->options.waiting_fetches != nullptr) {
+    absl::StatusOr<std::shared_ptr<WaitingFetches::Place>> taken =
+        self->options.waiting_fetches->Take(absl::StrCat("ucx session ", h.token));
+    if (!taken.ok()) {
+      self->metrics->Reject(taken.status());
+      self->Refuse(peer, ucx::kFetchReply, h.request_id, taken.status());
+      return UCS_OK;
+    }
+    place = *std::move(taken);
+  }
   std::weak_ptr<Impl> weak = self->weak_from_this();
-  auto waiter = std::make_shared<OneShotWaiter>([weak, peer, h, format = *format, rank = *rank](absl::Status s) {
-    if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(peer, h, format, rank, std::move(s));
-  });
+  auto waiter = std::make_shared<OneShotWaiter>(
+      [weak, peer, h, format = *format, rank = *rank, place = std::move(place)](absl::Status s) mutable {
+        place.reset();  // the wait is over
+        if (std::shared_ptr<Impl> impl = weak.lock()) impl->SendSlice(peer, h, format, rank, std::move(s));
+      });
   self->state->WhenPublished(h.unit, h.version, absl::Now() + wait, waiter);
   return UCS_OK;
 }
