@@ -41,7 +41,8 @@ struct ShardServer::Impl {
   std::unique_ptr<CallerAuthenticator> authenticator;
   std::shared_ptr<const ClientSecurity> as_server;  // how it calls other shards
   SessionTokens tokens;
-  std::unique_ptr<WaitingFetches> waiting_fetches;
+  std::unique_ptr<ConnectionCaps> waiting_fetches;  // counted in fetches
+  std::unique_ptr<ConnectionCaps> push_bytes;       // bytes of pushes not yet complete
 #if PSHARD_WITH_UCX
   std::unique_ptr<UcxService> ucx;
 #endif
@@ -205,6 +206,16 @@ void Announce(v1::ShardService::Stub* coordinator, int shard, int port, const st
 // Whether a pshard server answers at `address` as shard `shard`, within a
 // second. Without TLS or tokens: what shard 0 probes before an Announce moves
 // a shard.
+// Room for a trainer's pushes of every unit at once in fp32, twice over,
+// and 16 MiB; in all, that for each trainer and two more.
+ConnectionCaps::Limits DefaultPushByteLimits(const ShardState& state) {
+  int64_t gradient = 0;
+  for (int unit = 0; unit < state.num_units(); ++unit) gradient += 4 * state.slice_length(unit);
+  const int64_t per_connection = 2 * gradient + (int64_t{16} << 20);
+  return ConnectionCaps::Limits{.per_connection = per_connection,
+                                .total = per_connection * (state.job().num_trainers + 2)};
+}
+
 bool ShardAnswersAt(const std::string& address, int shard) {
   std::unique_ptr<v1::ShardService::Stub> stub =
       v1::ShardService::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -403,8 +414,14 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   options.norm_wait_limit = spec.step_timeout;
   options.fetch_chunk_bytes = spec.fetch_chunk_bytes;
   options.tokens = &impl.tokens;
-  impl.waiting_fetches = std::make_unique<WaitingFetches>(spec.waiting_fetch_limits, &impl.metrics->waiting_fetches);
+  impl.waiting_fetches = std::make_unique<ConnectionCaps>("fetches waiting for their versions",
+                                                          spec.waiting_fetch_limits, &impl.metrics->waiting_fetches);
   options.waiting_fetches = impl.waiting_fetches.get();
+  impl.push_bytes = std::make_unique<ConnectionCaps>(
+      "bytes of pushes not yet complete",
+      spec.push_byte_limits.total > 0 ? spec.push_byte_limits : DefaultPushByteLimits(*server->state_),
+      &impl.metrics->unfinished_push_bytes);
+  options.push_bytes = impl.push_bytes.get();
   options.coordinator_address = spec.coordinator_address;
   options.own_address = spec.advertise_address;
   options.authenticator = impl.authenticator.get();

@@ -13,7 +13,7 @@
 #include "common/metrics/metrics.h"
 #include "common/security/security.h"
 #include "shard_server/shard_state.h"
-#include "shard_server/waiting_fetches.h"
+#include "shard_server/connection_caps.h"
 
 namespace pshard {
 
@@ -31,7 +31,11 @@ class ShardServer {
     std::string advertise_address;
     absl::Duration fetch_wait_limit = absl::Seconds(120);
     /// Fetches held unanswered, per connection and in all (docs/security.md).
-    WaitingFetches::Limits waiting_fetch_limits;
+    ConnectionCaps::Limits waiting_fetch_limits{.per_connection = 256, .total = 4096};
+    /// Bytes of pushes not yet complete, per connection and in all; zero:
+    /// twice the shard's fp32 gradient plus 16 MiB a connection, and that
+    /// for each trainer and two more in all.
+    ConnectionCaps::Limits push_byte_limits;
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
     int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk

@@ -92,7 +92,11 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       waiting_fetches(r.AddGauge("pshard_server_waiting_fetches",
                                  "Fetches this shard holds, not yet answered (most wait for their version); "
                                  "capped per connection and in all, past which fetches are refused (reason limit).")
-                          .Add(Shard(shard))) {
+                          .Add(Shard(shard))),
+      unfinished_push_bytes(r.AddGauge("pshard_server_unfinished_push_bytes",
+                                       "Bytes held by gradient pushes whose last chunk has not arrived; capped per "
+                                       "connection and in all, past which a push is refused (reason limit).")
+                                .Add(Shard(shard))) {
   checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (const std::string& transport : transports) {

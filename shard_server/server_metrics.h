@@ -82,7 +82,8 @@ class ServerMetrics {
   metrics::Counter& rollbacks;          ///< times this shard went back to a checkpointed step
   metrics::Counter& rolled_back_steps;  ///< steps undone by them (redone by the trainers)
   metrics::Counter& refused_rollbacks;  ///< RollBacks refused: no shard restarted at their step
-  metrics::Gauge& waiting_fetches;      ///< fetches not yet answered (WaitingFetches)
+  metrics::Gauge& waiting_fetches;      ///< fetches not yet answered (ConnectionCaps)
+  metrics::Gauge& unfinished_push_bytes;  ///< bytes held by pushes not yet complete
   std::vector<metrics::Gauge*> unit_version;
 
  private:

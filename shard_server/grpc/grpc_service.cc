@@ -20,11 +20,11 @@ namespace {
 class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(ShardState* state, ServerMetrics* metrics, const grpc::ByteBuffer& request_frame,
-               absl::Time wait_deadline, int64_t chunk_bytes, bool adds_format, WaitingFetches* waiting,
+               absl::Time wait_deadline, int64_t chunk_bytes, bool adds_format, ConnectionCaps* waiting,
                const std::string& connection)
       : state_(state), metrics_(metrics), start_(absl::Now()), adds_format_(adds_format) {
-    absl::StatusOr<std::shared_ptr<WaitingFetches::Place>> place =
-        waiting != nullptr ? waiting->Take(connection) : nullptr;
+    absl::StatusOr<std::shared_ptr<ConnectionCaps::Place>> place =
+        waiting != nullptr ? waiting->Take(connection, 1) : nullptr;
     if (!place.ok()) {
       FinishWith(place.status());
       return;
@@ -116,8 +116,9 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   PushReactor(ShardState* state, ServerMetrics* metrics, grpc::CallbackServerContext* ctx,
-              grpc::ByteBuffer* response)
-      : state_(state), metrics_(metrics), ctx_(ctx), response_frame_(response), start_(absl::Now()) {
+              grpc::ByteBuffer* response, ConnectionCaps* push_bytes)
+      : state_(state), metrics_(metrics), ctx_(ctx), response_frame_(response), push_bytes_(push_bytes),
+        start_(absl::Now()) {
     StartRead(&frame_);
   }
 
@@ -157,9 +158,15 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             " elements; this shard's slice has ", expected));
       }
       // The slice's room grows as its chunks arrive: a push that stops
-      // after its first chunk holds no more than that chunk.
+      // after its first chunk holds no more than that chunk, and what all
+      // unfinished pushes hold is capped (ConnectionCaps).
       expected_ = static_cast<size_t>(expected);
       staged_ = ReductionValues::Allocate(format_, 0);
+      if (push_bytes_ != nullptr) {
+        absl::StatusOr<std::shared_ptr<ConnectionCaps::Place>> place = push_bytes_->Take(ctx_->peer(), 0);
+        if (!place.ok()) return place.status();
+        held_ = *std::move(place);
+      }
     } else if (chunk_.trainer_rank() != first_.trainer_rank() || chunk_.step() != first_.step() ||
                chunk_.unit() != first_.unit() || chunk_.encoding() != first_.encoding() ||
                chunk_.slice_length() != first_.slice_length() || chunk_.micro_batch() != first_.micro_batch() ||
@@ -185,6 +192,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return absl::InvalidArgumentError(absl::StrCat("wrong offset: chunk ", chunks_, " starts at element ",
                                                      chunk_.offset(), " after ", received_, " received"));
     }
+    if (held_ != nullptr) {
+      if (absl::Status room = held_->Grow(static_cast<int64_t>(data_.size)); !room.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat("push of unit ", first_.unit(), " step ", first_.step(),
+                                                         " refused at chunk ", chunks_, ": ", room.message()));
+      }
+    }
     staged_.Resize(static_cast<size_t>(received_ + count), expected_);
     std::byte* to = staged_.mutable_bytes().data() + format_.EncodedBytes(static_cast<size_t>(received_));
     for (std::span<const std::byte> piece : data_.pieces) {
@@ -204,6 +217,7 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   }
 
   void Complete() {
+    held_.reset();  // from here the slice is the reduction's (or dropped)
     if (ctx_->IsCancelled()) return FinishWith(absl::CancelledError("push abandoned; nothing applied"));
     if (chunks_ == 0) return FinishWith(absl::InvalidArgumentError("empty push"));
     if (received_ != static_cast<int64_t>(expected_)) {
@@ -236,6 +250,8 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   ServerMetrics* const metrics_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const response_frame_;
+  ConnectionCaps* const push_bytes_;               // null: no cap
+  std::shared_ptr<ConnectionCaps::Place> held_;    // this push's bytes so far
   v1::PushResponse response_;
   grpc::ByteBuffer frame_;
   FrameData data_;  // chunk_'s data, pointing into frame_'s slices
@@ -425,7 +441,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardServiceImpl::Fetch(grpc::Callba
 grpc::ServerReadReactor<grpc::ByteBuffer>* ShardServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                                                    grpc::ByteBuffer* response) {
   if (absl::Status refused = Authorize(ctx, RpcMethod::kPush); !refused.ok()) return new RefusedPush(refused);
-  return new PushReactor(state_, metrics_, ctx, response);
+  return new PushReactor(state_, metrics_, ctx, response, options_.push_bytes);
 }
 
 grpc::ServerUnaryReactor* ShardServiceImpl::AgreeNorm(grpc::CallbackServerContext* ctx,

@@ -16,7 +16,7 @@
 #include "shard_server/rendezvous.h"
 #include "shard_server/server_metrics.h"
 #include "shard_server/session_tokens.h"
-#include "shard_server/waiting_fetches.h"
+#include "shard_server/connection_caps.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -41,8 +41,10 @@ class ShardServiceImpl final : public ShardServiceBase {
     std::string metrics_address;                           ///< reported by GetStatus
     std::string ucx_address;  ///< JoinResponse.ucx_address: the UCX worker's; empty: no UCX
     SessionTokens* tokens = nullptr;  ///< issues JoinResponse.session_token; not owned, required
-    /// Bounds the fetches held unanswered; not owned; null: no bound.
-    WaitingFetches* waiting_fetches = nullptr;
+    /// Bound the fetches held unanswered and the bytes of pushes not yet
+    /// complete; not owned; null: no bound.
+    ConnectionCaps* waiting_fetches = nullptr;
+    ConnectionCaps* push_bytes = nullptr;
     /// Where this shard reaches shard 0 (empty on shard 0), and the address
     /// shard 0 gives for itself in GetStatus (its listening address).
     std::string coordinator_address;

@@ -144,10 +144,10 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
     const absl::Duration client = absl::Milliseconds(h.wait_ms);
     wait = std::min(wait, client - std::min(absl::Milliseconds(500), client / 10));
   }
-  std::shared_ptr<WaitingFetches::Place> place;
+  std::shared_ptr<ConnectionCaps::Place> place;
   if (self->options.waiting_fetches != nullptr) {
-    absl::StatusOr<std::shared_ptr<WaitingFetches::Place>> taken =
-        self->options.waiting_fetches->Take(absl::StrCat("ucx session ", h.token));
+    absl::StatusOr<std::shared_ptr<ConnectionCaps::Place>> taken =
+        self->options.waiting_fetches->Take(absl::StrCat("ucx session ", h.token), 1);
     if (!taken.ok()) {
       self->metrics->Reject(taken.status());
       self->Refuse(peer, ucx::kFetchReply, h.request_id, taken.status());

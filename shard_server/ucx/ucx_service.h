@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "shard_server/server_metrics.h"
 #include "shard_server/session_tokens.h"
-#include "shard_server/waiting_fetches.h"
+#include "shard_server/connection_caps.h"
 #include "shard_server/shard_state.h"
 
 namespace pshard {
@@ -24,7 +24,7 @@ class UcxService {
   struct Options {
     absl::Duration fetch_wait_limit = absl::Seconds(120);  ///< longest a fetch waits for a version
     /// Bounds the fetches held unanswered (per session); not owned; null: none.
-    WaitingFetches* waiting_fetches = nullptr;
+    ConnectionCaps* waiting_fetches = nullptr;
   };
   static absl::StatusOr<std::unique_ptr<UcxService>> Start(ShardState* state, SessionTokens* tokens,
                                                            ServerMetrics* metrics, Options options);
