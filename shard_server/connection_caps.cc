@@ -5,8 +5,10 @@
 namespace pshard {
 
 struct ConnectionCaps::Counts {
-  Counts(std::string w, Limits l, metrics::Gauge* g) : what(std::move(w)), limits(l), gauge(g) {}
+  Counts(std::string w, Limits l, metrics::Gauge* g, std::string p)
+      : what(std::move(w)), per(std::move(p)), limits(l), gauge(g) {}
   const std::string what;
+  const std::string per;
   const Limits limits;
   metrics::Gauge* const gauge;
   absl::Mutex mu;
@@ -36,8 +38,8 @@ absl::Status ConnectionCaps::Place::Grow(int64_t amount) {
   if (mine + amount > c.limits.per_connection) {
     const int64_t now = mine;
     if (now == 0) c.by_connection.erase(connection_);
-    return absl::ResourceExhaustedError(absl::StrCat("this connection holds ", now, " ", c.what, " of at most ",
-                                                     c.limits.per_connection, " a connection"));
+    return absl::ResourceExhaustedError(absl::StrCat("this ", c.per, " holds ", now, " ", c.what, " of at most ",
+                                                     c.limits.per_connection, " a ", c.per));
   }
   mine += amount;
   held_ += amount;
@@ -46,8 +48,8 @@ absl::Status ConnectionCaps::Place::Grow(int64_t amount) {
   return absl::OkStatus();
 }
 
-ConnectionCaps::ConnectionCaps(std::string what, Limits limits, metrics::Gauge* gauge)
-    : counts_(std::make_shared<Counts>(std::move(what), limits, gauge)) {}
+ConnectionCaps::ConnectionCaps(std::string what, Limits limits, metrics::Gauge* gauge, std::string per)
+    : counts_(std::make_shared<Counts>(std::move(what), limits, gauge, std::move(per))) {}
 
 absl::StatusOr<std::shared_ptr<ConnectionCaps::Place>> ConnectionCaps::Take(const std::string& connection,
                                                                             int64_t amount) {

@@ -46,8 +46,9 @@ class ConnectionCaps {
   };
 
   /// `what` names the amount in refusals ("fetches waiting for their
-  /// versions"); `gauge` (may be null) follows the total.
-  ConnectionCaps(std::string what, Limits limits, metrics::Gauge* gauge);
+  /// versions"), `per` what it is capped per ("connection", "host");
+  /// `gauge` (may be null) follows the total.
+  ConnectionCaps(std::string what, Limits limits, metrics::Gauge* gauge, std::string per = "connection");
   /// A place holding `amount` on `connection`, or why there is none.
   absl::StatusOr<std::shared_ptr<Place>> Take(const std::string& connection, int64_t amount);
   /// The amount held now, in all.

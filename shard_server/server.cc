@@ -15,6 +15,7 @@
 #include "common/optimizer.h"
 #include "absl/strings/str_join.h"
 #include "shard_server/checkpoint.h"
+#include "shard_server/connection_gate.h"
 #include "common/serial_executor.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
@@ -43,11 +44,14 @@ struct ShardServer::Impl {
   SessionTokens tokens;
   std::unique_ptr<ConnectionCaps> waiting_fetches;  // counted in fetches
   std::unique_ptr<ConnectionCaps> push_bytes;       // bytes of pushes not yet complete
+  std::unique_ptr<ConnectionCaps> connections;      // counted in connections, per peer host
 #if PSHARD_WITH_UCX
   std::unique_ptr<UcxService> ucx;
 #endif
   std::unique_ptr<ShardServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor;  // of server
+  std::unique_ptr<ConnectionGate> gate;  // hands connections to acceptor
   // The step driver, and what it is made from: a rollback stops it,
   // replaces the state, and starts a new one. driver_mu orders rollbacks
   // and shutdown.
@@ -449,17 +453,26 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
   impl.service = std::make_unique<ShardServiceImpl>(server->state_.get(), impl.coordinator.get(),
                                                     impl.metrics.get(), options);
 
+  // The listening socket is the gate's: it counts and caps connections
+  // before gRPC takes them (and their handshakes) on.
+  impl.connections = std::make_unique<ConnectionCaps>("open connections", spec.connection_limits,
+                                                      &impl.metrics->open_connections, "host");
+  ASSIGN_OR_RETURN(impl.gate,
+                   ConnectionGate::Listen(spec.address, impl.connections.get(), &impl.metrics->refused_connections));
+  server->port_ = impl.gate->port();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(spec.address, credentials, &server->port_);
+  impl.acceptor = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
   builder.RegisterService(impl.service.get());
   builder.SetMaxReceiveMessageSize(spec.max_message_bytes);
   builder.SetMaxSendMessageSize(spec.max_message_bytes);
   for (const auto& [name, value] : DataPathTransportArguments()) builder.AddChannelArgument(name, value);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(spec.handshake_timeout)));
   impl.server = builder.BuildAndStart();
-  if (impl.server == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", spec.address));
-  }
+  if (impl.server == nullptr) return absl::UnavailableError(absl::StrCat("cannot serve on ", spec.address));
+  impl.gate->Start(impl.acceptor.get());
   server->host_ = spec.address.substr(0, spec.address.rfind(':'));
 
   StepDriver::AgreeFn agree;
@@ -683,6 +696,7 @@ void ShardServer::Shutdown(absl::Duration grace) {
   impl_->WaitForWriter();
   if (!impl_->checkpoint_dir.empty()) impl_->Prune(state_->shard_index(), state_->job().num_shards);
   if (impl_->service) impl_->service->StopWaiting();
+  impl_->gate.reset();  // no new connections
   if (impl_->server) {  // absent when Start failed part-way
     impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     impl_->server->Wait();

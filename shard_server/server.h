@@ -36,6 +36,12 @@ class ShardServer {
     /// twice the shard's fp32 gradient plus 16 MiB a connection, and that
     /// for each trainer and two more in all.
     ConnectionCaps::Limits push_byte_limits;
+    /// Open connections, per peer host and in all (docs/security.md): one
+    /// past them is closed unanswered, before its TLS handshake.
+    ConnectionCaps::Limits connection_limits{.per_connection = 256, .total = 1024};
+    /// A connection that has not finished its TLS handshake and sent its
+    /// HTTP/2 settings by then is closed.
+    absl::Duration handshake_timeout = absl::Seconds(10);
     absl::Duration step_timeout = absl::Seconds(60);
     int max_message_bytes = 4 << 20;  ///< larger requests are refused
     int64_t fetch_chunk_bytes = 1 << 20;  ///< bytes per streamed fetch chunk

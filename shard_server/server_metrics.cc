@@ -96,7 +96,15 @@ ServerMetrics::ServerMetrics(metrics::Registry& r, int shard, int num_trainers, 
       unfinished_push_bytes(r.AddGauge("pshard_server_unfinished_push_bytes",
                                        "Bytes held by gradient pushes whose last chunk has not arrived; capped per "
                                        "connection and in all, past which a push is refused (reason limit).")
-                                .Add(Shard(shard))) {
+                                .Add(Shard(shard))),
+      open_connections(r.AddGauge("pshard_server_open_connections",
+                                  "Connections to this shard's gRPC port open now, from the moment they are "
+                                  "accepted (before their TLS handshake); capped per peer host and in all.")
+                           .Add(Shard(shard))),
+      refused_connections(r.AddCounter("pshard_server_refused_connections_total",
+                                       "Connections this shard closed unanswered, as soon as they were accepted, "
+                                       "because their host or the shard had as many open as its caps allow.")
+                              .Add(Shard(shard))) {
   checkpoint_step.Set(-1);
   auto& out = r.AddCounter("pshard_server_transfer_bytes_total", "Bytes moved on the wire, by direction (fetch: to trainers, push: from them) and trainer rank.");
   for (const std::string& transport : transports) {

@@ -84,6 +84,8 @@ class ServerMetrics {
   metrics::Counter& refused_rollbacks;  ///< RollBacks refused: no shard restarted at their step
   metrics::Gauge& waiting_fetches;      ///< fetches not yet answered (ConnectionCaps)
   metrics::Gauge& unfinished_push_bytes;  ///< bytes held by pushes not yet complete
+  metrics::Gauge& open_connections;       ///< connections open now (ConnectionGate)
+  metrics::Counter& refused_connections;  ///< connections closed unanswered for a cap
   std::vector<metrics::Gauge*> unit_version;
 
  private:
