@@ -366,10 +366,25 @@ absl::StatusOr<Plan> MakePlan(const PlanInput& input) {
     option.speedup =
         plan.time.tokens_per_second > 0 ? option.time.tokens_per_second / plan.time.tokens_per_second : 1.0;
     option.batch_factor = static_cast<double>(variant.tokens_per_step()) / static_cast<double>(input.tokens_per_step());
+    option.keeps_numbers = variant.encodings == input.encodings;
     plan.levers.push_back(std::move(option));
   }
   std::stable_sort(plan.levers.begin(), plan.levers.end(),
                    [](const LeverOption& a, const LeverOption& b) { return a.speedup > b.speedup; });
+  // Where the model cannot tell two apart, a lever that keeps the job's
+  // numbers goes before one that quantizes them: it moves up past each
+  // quantized lever it trails by less than kIndistinctSpeedup.
+  for (size_t i = 1; i < plan.levers.size(); ++i) {
+    for (size_t j = i; j > 0; --j) {
+      const LeverOption& ahead = plan.levers[j - 1];
+      const LeverOption& exact = plan.levers[j];
+      if (!exact.keeps_numbers || ahead.keeps_numbers ||
+          exact.speedup < ahead.speedup * (1 - kIndistinctSpeedup)) {
+        break;
+      }
+      std::swap(plan.levers[j - 1], plan.levers[j]);
+    }
+  }
   return plan;
 }
 

@@ -183,7 +183,15 @@ struct LeverOption {
   /// Tokens per step ÷ the baseline's (accumulation: more micro-batches a
   /// step, a larger batch for the optimizer).
   double batch_factor = 1;
+  /// The job's encodings unchanged: the lever changes when and how much
+  /// moves, not the numbers trained (int8 or int4 blocks do).
+  bool keeps_numbers = true;
 };
+
+/// Predicted tokens/s closer than this fraction are not told apart: the
+/// step model is not that fine (measured lever speedups spread by about
+/// ±8% from run to run on a shared 2-core machine, bench/README.md).
+inline constexpr double kIndistinctSpeedup = 0.05;
 
 struct Plan {
   PlanInput input;

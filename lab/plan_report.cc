@@ -170,6 +170,12 @@ std::string FormatPlan(const Plan& p) {
     if (larger_batch) {
       absl::StrAppend(&out, "  * more tokens per step: the optimizer sees a larger batch (retune lr and steps)\n");
     }
+    if (!std::is_sorted(p.levers.begin(), p.levers.end(),
+                        [](const LeverOption& a, const LeverOption& b) { return a.speedup > b.speedup; })) {
+      absl::StrAppend(&out, absl::StrFormat("  within %.0f%% of each other the model cannot tell levers apart: one "
+                                            "that keeps the job's numbers is ranked before one that quantizes them\n",
+                                            kIndistinctSpeedup * 100));
+    }
     const LeverOption& best = p.levers.front();
     absl::StrAppend(&out, best.speedup > 1.005
                               ? absl::StrFormat("  buys the most: %s (%.2fx the tokens/s)\n", best.flags, best.speedup)
@@ -193,7 +199,8 @@ JsonValue PlanToJson(const Plan& p) {
                                             {"time", TimeJson(l.time)},
                                             {"trainer_memory_bytes", Num(l.trainer_memory)},
                                             {"speedup", Num(l.speedup)},
-                                            {"batch_factor", Num(l.batch_factor)}}));
+                                            {"batch_factor", Num(l.batch_factor)},
+                                            {"keeps_numbers", JsonValue::Bool(l.keeps_numbers)}}));
   }
   return JsonValue::MakeObject({
       {"parameters", Num(p.parameters)},

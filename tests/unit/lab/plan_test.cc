@@ -378,7 +378,15 @@ TEST(PlanTest, RanksTheLeversAtTheLink) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_FALSE(plan->levers.empty());
   for (size_t i = 1; i < plan->levers.size(); ++i) {
-    EXPECT_GE(plan->levers[i - 1].speedup, plan->levers[i].speedup);
+    const LeverOption& ahead = plan->levers[i - 1];
+    const LeverOption& next = plan->levers[i];
+    // Most tokens/s first, except an exact lever just ahead of a quantized
+    // one it trails by less than the model can resolve.
+    if (ahead.keeps_numbers && !next.keeps_numbers) {
+      EXPECT_GE(ahead.speedup, next.speedup * (1 - kIndistinctSpeedup)) << ahead.flags << " before " << next.flags;
+    } else {
+      EXPECT_GE(ahead.speedup, next.speedup) << ahead.flags << " before " << next.flags;
+    }
   }
   for (const LeverOption& l : plan->levers) {
     // Speedup is in tokens per second: the step, scaled by the tokens it trains.
@@ -417,6 +425,31 @@ TEST(PlanTest, AtHighLatencyADeeperPrefetchRanksFirstAtTheSameBatch) {
   ASSERT_NE(first_same, nullptr);
   EXPECT_THAT(first_same->flags, testing::StartsWith("--prefetch="));
   EXPECT_GT(prefetch5, prefetch2 * 1.3);
+}
+
+// There, accumulating 16 micro-batches is predicted as fast with int8
+// weights and int4 gradients as without (bytes are not what costs at
+// 50 ms): the model cannot tell the two apart, and measured, they trade
+// places from run to run (bench/README.md). The one that keeps the job's
+// numbers ranks first, and the report says why.
+TEST(PlanTest, WhereTheModelCannotTellTwoLeversApartTheExactOneRanksFirst) {
+  FlagValues flags = DefaultFlags();
+  flags["link_rate"] = "1gbit";
+  flags["link_delay"] = "50ms";
+  absl::StatusOr<Plan> plan = PlanOf(flags);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GE(plan->levers.size(), 2u);
+  const LeverOption& first = plan->levers[0];
+  const LeverOption& second = plan->levers[1];
+  EXPECT_EQ(first.flags, "--micro_batches=16 --stage=2 --accumulate_on_trainer");
+  EXPECT_TRUE(first.keeps_numbers);
+  EXPECT_EQ(second.flags, "--micro_batches=16 --stage=2 --accumulate_on_trainer --weight_encoding=int8 "
+                          "--grad_encoding=int4");
+  EXPECT_FALSE(second.keeps_numbers);
+  // Predicted a little faster, within what the model resolves.
+  EXPECT_GT(second.speedup, first.speedup);
+  EXPECT_GE(first.speedup, second.speedup * (1 - kIndistinctSpeedup));
+  EXPECT_THAT(FormatPlan(*plan), HasSubstr("one that keeps the job's numbers is ranked before one that quantizes"));
 }
 
 }  // namespace
