@@ -53,8 +53,17 @@ TrainerMemory TrainerMemoryOf(const PlanInput& input, std::span<const UnitPartit
   const int lanes = input.fetch_once_per_step ? input.micro_batches : 1;
   GptConfig shape = input.shape;
   shape.context = std::max(shape.context, input.seq_len);
-  m.activations_kept = lanes * GptActivationBytes(shape, input.batch, input.seq_len, false);
-  m.activations_recomputed = lanes * GptActivationBytes(shape, input.batch, input.seq_len, true);
+  if (input.cuda) {
+    // Lanes keep their own activations and share one workspace.
+    const bool fused = GptGpuFusesAttention(shape);
+    const GpuActivationBytes kept = GptGpuActivationBytes(shape, input.batch, input.seq_len, false, fused);
+    const GpuActivationBytes recomputed = GptGpuActivationBytes(shape, input.batch, input.seq_len, true, fused);
+    m.activations_kept = lanes * kept.lane + kept.workspace;
+    m.activations_recomputed = lanes * recomputed.lane + recomputed.workspace;
+  } else {
+    m.activations_kept = lanes * GptActivationBytes(shape, input.batch, input.seq_len, false);
+    m.activations_recomputed = lanes * GptActivationBytes(shape, input.batch, input.seq_len, true);
+  }
   m.activations = input.recompute ? m.activations_recomputed : m.activations_kept;
   return m;
 }

@@ -79,6 +79,9 @@ struct PlanInput {
 
   LinkModel slow;    ///< each trainer's (and server's) network interface, per direction
   LinkModel fabric;  ///< between members of a fabric group
+  /// Trainers run the CUDA model (--device=cuda): activations are its,
+  /// on the device, bf16 (otherwise the CPU model's, fp32).
+  bool cuda = false;
   double device_flops = 0.0;  ///< peak FLOP/s of a trainer's device
   double mfu = 0.0;           ///< model FLOPs utilisation achieved, (0, 1]
   /// Seconds of every step that the event model does not see (the servers'

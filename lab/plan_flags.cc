@@ -19,6 +19,11 @@ class Reader {
  public:
   explicit Reader(const FlagValues& flags) : flags_(flags) {}
 
+  /// A flag callers may leave out: `fallback` then.
+  std::string TextOr(const std::string& name, const std::string& fallback) const {
+    auto it = flags_.find(name);
+    return it == flags_.end() ? fallback : it->second;
+  }
   absl::StatusOr<std::string> Text(const std::string& name) const {
     auto it = flags_.find(name);
     if (it == flags_.end()) return absl::InternalError(absl::StrCat("the planner was not given --", name));
@@ -100,7 +105,7 @@ const std::vector<std::string>& PlanFlagNames() {
       "reshard_after_forward", "encoding", "weight_encoding", "grad_encoding", "quant_block",
       "error_feedback", "layers", "d_model", "heads", "context", "params", "link_rate", "link_delay",
       "fabric_rate", "fabric_delay", "device_flops", "mfu", "optimizer_state_bytes", "placement", "step_overhead",
-      "topology"};
+      "topology", "device"};
   return names;
 }
 
@@ -185,6 +190,11 @@ absl::StatusOr<PlanInput> PlanInputFromFlags(const FlagValues& flags) {
   }
   ASSIGN_OR_RETURN(in.slow, read.Link("link_rate", "link_delay"));
   ASSIGN_OR_RETURN(in.fabric, read.Link("fabric_rate", "fabric_delay"));
+  const std::string device = read.TextOr("device", "cpu");
+  if (device != "cpu" && device != "cuda" && device != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat("--device=", device, ": expected cpu, cuda or auto"));
+  }
+  in.cuda = device == "cuda";
   ASSIGN_OR_RETURN(const std::string device_flops, read.Text("device_flops"));
   if (device_flops == "auto") {
     in.device_flops = MeasureSgemmFlops();

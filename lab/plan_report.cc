@@ -113,11 +113,13 @@ std::string FormatPlan(const Plan& p) {
                                         Mib(p.server.reduction)));
   absl::StrAppend(&out, absl::StrFormat(
                             "  %-28s %12s  (weights held %s, secondary shard %s, residuals %s, activations %s; "
-                            "activations %s kept, %s recomputed)\n\n",
+                            "activations %s kept, %s recomputed; %s)\n\n",
                             "pshard trainer", Gb(static_cast<double>(p.trainer.total())),
                             Mib(p.trainer.weights_held), Mib(p.trainer.secondary_shard), Mib(p.trainer.residuals),
                             Mib(p.trainer.activations), Mib(p.trainer.activations_kept),
-                            Mib(p.trainer.activations_recomputed)));
+                            Mib(p.trainer.activations_recomputed),
+                            in.cuda ? "the CUDA model's activations, on the device, bf16"
+                                    : "the CPU model's activations, fp32 (--device=cuda: the CUDA model's)"));
 
   absl::StrAppend(&out, "Bytes per trainer and step (payload, as pshard_trainer_payload_bytes_total counts):\n");
   absl::StrAppend(&out, absl::StrFormat("  slow link   fetched %s, pushed %s\n", Mib(p.bytes.fetched),

@@ -88,4 +88,78 @@ int64_t GptActivationBytes(const GptConfig& config, int batch, int seq_len, bool
   return 4 * floats + 2 * n * static_cast<int64_t>(sizeof(int32_t));
 }
 
+namespace {
+
+// Sums pieces the way the CUDA model's allocator lays them out: each one
+// starts at a multiple of 256 bytes.
+class DeviceBytes {
+ public:
+  void Take(int64_t count, int64_t element_bytes) {
+    bytes_ = (bytes_ + 255) / 256 * 256 + count * element_bytes;
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  int64_t bytes_ = 0;
+};
+
+void TakeGpuBlock(DeviceBytes& d, int64_t n, int64_t c, int64_t heads_rows, int64_t seq_len, bool fused) {
+  d.Take(n * c, 2);  // ln1, then its mean and rstd
+  d.Take(n, 4);
+  d.Take(n, 4);
+  d.Take(3 * n * c, 2);  // qkv
+  if (fused) {
+    d.Take(heads_rows, 4);  // log-sum-exp per row
+  } else {
+    d.Take(heads_rows * seq_len, 2);  // the probabilities
+  }
+  d.Take(n * c, 2);  // attention output, residual after it, ln2
+  d.Take(n * c, 2);
+  d.Take(n * c, 2);
+  d.Take(n, 4);
+  d.Take(n, 4);
+  d.Take(4 * n * c, 2);  // fc, then GELU
+  d.Take(4 * n * c, 2);
+}
+
+}  // namespace
+
+bool GptGpuFusesAttention(const GptConfig& config) { return config.d_model / config.num_heads == 64; }
+
+GpuActivationBytes GptGpuActivationBytes(const GptConfig& config, int batch, int seq_len, bool recompute_blocks,
+                                         bool fused_attention) {
+  const int64_t n = int64_t{batch} * seq_len;
+  const int64_t c = config.d_model;
+  const int64_t heads_rows = int64_t{batch} * config.num_heads * seq_len;
+  DeviceBytes lane;
+  for (int i = 0; i < 5; ++i) lane.Take(i == 3 ? n + 1 : n, 4);  // tokens, targets, the rows grouped by token
+  for (int l = 0; l <= config.num_layers; ++l) lane.Take(n * c, 2);  // the residual stream
+  if (!recompute_blocks) {
+    for (int l = 0; l < config.num_layers; ++l) TakeGpuBlock(lane, n, c, heads_rows, seq_len, fused_attention);
+  }
+  lane.Take(n * c, 2);  // final LayerNorm and statistics, logits, losses, the residual's gradient
+  lane.Take(n, 4);
+  lane.Take(n, 4);
+  lane.Take(n * config.vocab, 2);
+  lane.Take(n, 4);
+  lane.Take(n * c, 2);
+  DeviceBytes workspace;
+  if (recompute_blocks) {
+    TakeGpuBlock(workspace, n, c, heads_rows, seq_len, fused_attention);
+  }
+  if (fused_attention) {
+    workspace.Take(heads_rows, 4);
+  } else {
+    workspace.Take(heads_rows * seq_len, 4);  // scores, then their gradient
+    workspace.Take(heads_rows * seq_len, 2);
+  }
+  workspace.Take(n * c, 2);  // gradients of a LayerNorm, the attention output, qkv, GELU, fc
+  workspace.Take(n * c, 2);
+  workspace.Take(3 * n * c, 2);
+  workspace.Take(4 * n * c, 2);
+  workspace.Take(4 * n * c, 2);
+  workspace.Take(int64_t{32} << 20, 1);  // cuBLAS
+  return {lane.bytes(), workspace.bytes()};
+}
+
 }  // namespace pshard

@@ -46,6 +46,22 @@ double GptModelFlops(const GptConfig& config, int batch, int seq_len);
 /// What CpuGpt::ActivationBytes() reports, known without building the model.
 int64_t GptActivationBytes(const GptConfig& config, int batch, int seq_len, bool recompute_blocks);
 
+/// Device bytes the CUDA model (CudaGpt) allocates for micro-batches of
+/// `batch` sequences of `seq_len`, in bf16 with fp32 statistics: a lane's
+/// (the batch, the residual stream, each block's saved internals unless
+/// recomputed, the head's) and the workspace lanes share (the gradient
+/// scratch, the recomputed block, attention scratch, 32 MiB for cuBLAS).
+/// `fused_attention`: no attention matrix is kept (a head size of 64).
+/// What CudaGpt::ActivationBytes() reports, known without a device.
+struct GpuActivationBytes {
+  int64_t lane = 0;
+  int64_t workspace = 0;
+};
+GpuActivationBytes GptGpuActivationBytes(const GptConfig& config, int batch, int seq_len, bool recompute_blocks,
+                                         bool fused_attention);
+/// Whether the CUDA model fuses attention for `config` (its head size is 64).
+bool GptGpuFusesAttention(const GptConfig& config);
+
 }  // namespace pshard
 
 #endif  // PSHARD_TRAINER_CLIENT_MODEL_GPT_LAYOUT_H_

@@ -13,6 +13,7 @@
 #include "lab/plan_flags.h"
 #include "lab/plan_report.h"
 #include "lab/step_model.h"
+#include "trainer_client/model/gpt_layout.h"
 
 namespace pshard {
 namespace {
@@ -450,6 +451,45 @@ TEST(PlanTest, WhereTheModelCannotTellTwoLeversApartTheExactOneRanksFirst) {
   EXPECT_GT(second.speedup, first.speedup);
   EXPECT_GE(first.speedup, second.speedup * (1 - kIndistinctSpeedup));
   EXPECT_THAT(FormatPlan(*plan), HasSubstr("one that keeps the job's numbers is ranked before one that quantizes"));
+}
+
+// A GPU trainer's activations are the CUDA model's (bf16, fused attention
+// at a head size of 64, lanes sharing one workspace), not the CPU model's:
+// GPT-2's 124M shape at 8 x 1024 counted 98 GiB as a CPU model.
+TEST(PlanTest, AGpuTrainersActivationsAreTheCudaModels) {
+  FlagValues flags = DefaultFlags();
+  flags["layers"] = "12";
+  flags["d_model"] = "768";
+  flags["heads"] = "12";
+  flags["context"] = "1024";
+  flags["seq_len"] = "1024";
+  flags["micro_batches"] = "4";
+  flags["fetch_once_per_step"] = "true";
+  flags["stage"] = "2";
+  flags["accumulate_on_trainer"] = "true";
+  absl::StatusOr<Plan> cpu = PlanOf(flags);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  flags["device"] = "cuda";
+  absl::StatusOr<Plan> gpu = PlanOf(flags);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  GptConfig shape;
+  shape.num_layers = 12;
+  shape.d_model = 768;
+  shape.num_heads = 12;
+  shape.context = 1024;
+  shape.vocab = gpu->input.shape.vocab;
+  ASSERT_TRUE(GptGpuFusesAttention(shape));
+  const GpuActivationBytes kept = GptGpuActivationBytes(shape, 8, 1024, false, true);
+  const GpuActivationBytes recomputed = GptGpuActivationBytes(shape, 8, 1024, true, true);
+  EXPECT_EQ(gpu->trainer.activations_kept, 4 * kept.lane + kept.workspace);
+  EXPECT_EQ(gpu->trainer.activations_recomputed, 4 * recomputed.lane + recomputed.workspace);
+  EXPECT_EQ(gpu->trainer.activations, gpu->trainer.activations_kept);
+  // bf16 and no attention matrix kept: several times less than fp32 with one.
+  EXPECT_LT(gpu->trainer.activations_kept * 4, cpu->trainer.activations_kept);
+  EXPECT_THAT(FormatPlan(*gpu), HasSubstr("the CUDA model's activations, on the device"));
+  EXPECT_THAT(FormatPlan(*cpu), HasSubstr("the CPU model's activations"));
+  flags["device"] = "tpu";
+  EXPECT_THAT(PlanOf(flags).status().message(), HasSubstr("--device=tpu: expected cpu, cuda or auto"));
 }
 
 }  // namespace

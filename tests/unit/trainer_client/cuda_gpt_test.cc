@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -243,6 +244,56 @@ void ExpectMatchesCpuModel(const ModelSpec& spec, const CudaGptOptions& options,
     }
   }
   if (gpu_result != nullptr) *gpu_result = std::move(result);
+}
+
+// The planner's figure for a GPU trainer (GptGpuActivationBytes, written
+// out piece by piece) is what the model lays out, for either attention and
+// with or without recomputation; no device needed.
+TEST(CudaGptAllocation, ThePlannersFigureIsWhatTheModelLaysOut) {
+  struct Case {
+    int layers, d_model, heads, batch, seq_len;
+    bool recompute;
+    CudaAttention attention;
+  };
+  for (const Case& c : {Case{2, 64, 2, 2, 16, false, CudaAttention::kAuto},
+                        Case{3, 128, 2, 3, 80, false, CudaAttention::kAuto},
+                        Case{3, 128, 2, 3, 80, true, CudaAttention::kAuto},
+                        Case{3, 128, 2, 3, 80, false, CudaAttention::kMaterialized},
+                        Case{4, 96, 3, 1, 33, true, CudaAttention::kMaterialized},
+                        Case{12, 768, 12, 4, 1024, true, CudaAttention::kFused}}) {
+    GptConfig cfg = SmallConfig();
+    cfg.num_layers = c.layers;
+    cfg.d_model = c.d_model;
+    cfg.num_heads = c.heads;
+    cfg.context = c.seq_len;
+    absl::StatusOr<ModelSpec> spec = MakeGptSpec(cfg);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    CudaGptOptions options;
+    options.batch = c.batch;
+    options.seq_len = c.seq_len;
+    options.recompute_blocks = c.recompute;
+    options.attention = c.attention;
+    absl::StatusOr<CudaGpt::Allocation> laid_out = CudaGpt::PlanAllocation(*spec, options);
+    ASSERT_TRUE(laid_out.ok()) << laid_out.status();
+    const bool fused = c.attention == CudaAttention::kFused ||
+                       (c.attention == CudaAttention::kAuto && c.d_model / c.heads == 64);
+    EXPECT_EQ(GptGpuFusesAttention(cfg), c.d_model / c.heads == 64);
+    const GpuActivationBytes planned = GptGpuActivationBytes(cfg, c.batch, c.seq_len, c.recompute, fused);
+    EXPECT_EQ(planned.lane, laid_out->lane) << c.layers << "x" << c.d_model << " recompute " << c.recompute;
+    EXPECT_EQ(planned.workspace, laid_out->workspace) << c.layers << "x" << c.d_model << " recompute " << c.recompute;
+  }
+}
+
+TEST(CudaGptTest, ThePlannedAllocationIsWhatCreateAllocates) {
+  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  for (bool recompute : {false, true}) {
+    const CudaGptOptions options = Options(kAttentionSeqLen, CudaAttention::kAuto, recompute);
+    absl::StatusOr<std::unique_ptr<CudaGpt>> model = CudaGpt::Create(AttentionSpec(), options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<CudaGpt::Allocation> planned = CudaGpt::PlanAllocation(AttentionSpec(), options);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    EXPECT_EQ((*model)->ActivationBytes(), planned->lane + planned->workspace) << "recompute " << recompute;
+  }
 }
 
 TEST(CudaGptTest, LossAndGradientsMatchCpuModel) {

@@ -88,6 +88,31 @@ absl::StatusOr<CudaAttention> ParseCudaAttention(const std::string& name) {
       absl::StrCat("unknown attention \"", name, "\"; expected auto, fused or materialized"));
 }
 
+absl::StatusOr<CudaGpt::Allocation> CudaGpt::PlanAllocation(const ModelSpec& spec, const CudaGptOptions& options) {
+  ASSIGN_OR_RETURN(const GptConfig cfg, GptConfigFromSpec(spec));
+  ASSIGN_OR_RETURN(const bool fused, FusesAttention(cfg, options));
+  std::unique_ptr<CudaGpt> model(new CudaGpt());
+  model->config_ = cfg;
+  model->batch_ = options.batch;
+  model->seq_len_ = options.seq_len;
+  model->recompute_blocks_ = options.recompute_blocks;
+  model->fused_attention_ = fused;
+  Carver lane(nullptr), workspace(nullptr);
+  model->CarveLane(lane);
+  model->CarveWorkspace(workspace);
+  return Allocation{lane.bytes(), workspace.bytes()};
+}
+
+absl::StatusOr<bool> CudaGpt::FusesAttention(const GptConfig& cfg, const CudaGptOptions& options) {
+  const bool head_size_fits = cfg.d_model / cfg.num_heads == internal::kFusedHeadSize;
+  if (options.attention == CudaAttention::kFused && !head_size_fits) {
+    return absl::InvalidArgumentError(absl::StrCat("fused attention needs a head size of ",
+                                                   internal::kFusedHeadSize, ", not ",
+                                                   cfg.d_model / cfg.num_heads));
+  }
+  return options.attention == CudaAttention::kFused || (options.attention == CudaAttention::kAuto && head_size_fits);
+}
+
 absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec,
                                                          const CudaGptOptions& options,
                                                          const CudaGpt* share_workspace) {
@@ -106,14 +131,7 @@ absl::StatusOr<std::unique_ptr<CudaGpt>> CudaGpt::Create(const ModelSpec& spec,
                                                    cfg.num_layers + 2, " units, the spec has ",
                                                    spec.units.size()));
   }
-  const bool head_size_fits = cfg.d_model / cfg.num_heads == internal::kFusedHeadSize;
-  if (options.attention == CudaAttention::kFused && !head_size_fits) {
-    return absl::InvalidArgumentError(absl::StrCat("fused attention needs a head size of ",
-                                                   internal::kFusedHeadSize, ", not ",
-                                                   cfg.d_model / cfg.num_heads));
-  }
-  const bool fused = options.attention == CudaAttention::kFused ||
-                     (options.attention == CudaAttention::kAuto && head_size_fits);
+  ASSIGN_OR_RETURN(const bool fused, FusesAttention(cfg, options));
   if (share_workspace != nullptr &&
       (share_workspace->batch_ != batch || share_workspace->seq_len_ != seq_len ||
        share_workspace->device_ != device || share_workspace->recompute_blocks_ != recompute_blocks ||

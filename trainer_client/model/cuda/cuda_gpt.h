@@ -88,6 +88,14 @@ class CudaGpt {
   static absl::StatusOr<std::unique_ptr<CudaGpt>> Create(const ModelSpec& spec,
                                                          const CudaGptOptions& options,
                                                          const CudaGpt* share_workspace = nullptr);
+  /// The device bytes Create would allocate for `spec` and `options`: a
+  /// lane's (its batch and saved activations) and the workspace's. Touches
+  /// no device.
+  struct Allocation {
+    int64_t lane = 0;
+    int64_t workspace = 0;
+  };
+  static absl::StatusOr<Allocation> PlanAllocation(const ModelSpec& spec, const CudaGptOptions& options);
   /// Whether this model's attention is the fused kernel.
   bool fused_attention() const { return fused_attention_; }
   ~CudaGpt();
@@ -153,6 +161,7 @@ class CudaGpt {
     bf16* fch_gelu;              // [N,4C]
   };
   class Carver;
+  static absl::StatusOr<bool> FusesAttention(const GptConfig& cfg, const CudaGptOptions& options);
 
   CudaGpt() = default;
 
