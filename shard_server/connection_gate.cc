@@ -137,8 +137,6 @@ void ConnectionGate::Start(grpc::experimental::ExternalConnectionAcceptor* accep
   thread_ = std::thread([this] { Run(); });
 }
 
-int64_t ConnectionGate::open() const { return caps_->total(); }
-
 void ConnectionGate::Run() {
   std::vector<pollfd> polled;
   for (int fd : listeners_) polled.push_back({fd, POLLIN, 0});

@@ -11,7 +11,6 @@
 
 #include <sys/types.h>
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,8 +41,6 @@ class ConnectionGate {
   /// Starts accepting, handing connections to `acceptor` (of a started
   /// gRPC server, which must outlive this gate).
   void Start(grpc::experimental::ExternalConnectionAcceptor* acceptor);
-  /// Connections counted open now (the caps' total).
-  int64_t open() const;
 
  private:
   ConnectionGate(std::vector<int> listeners, int port, ConnectionCaps* caps, metrics::Counter* refused);
