@@ -533,18 +533,34 @@ TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
   std::vector<grpc::Status> answers(kPosts);
   std::atomic<int> answered_early{0};
   std::atomic<bool> leaving{false};
+  absl::Mutex mu;
+  int refused = 0;
   for (int i = 0; i < kPosts; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     abandoned.emplace_back([&, i, ctx = contexts.back().get()] {
       answers[i] = post(ctx, absl::StrCat("abandoned-", i), 0, absl::Hours(1));
-      if (!leaving.load() && answers[i].error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) ++answered_early;
+      if (answers[i].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        absl::MutexLock lock(&mu);
+        ++refused;
+      } else if (!leaving.load()) {
+        ++answered_early;
+      }
     });
   }
+  // One of the burst refused means the burst alone filled the table. Only
+  // then does the probe go in: a probe seated while the burst still
+  // arrives would hold a place of its own, and the table it sees full
+  // would be partly the probe's.
+  bool filled;
+  {
+    absl::MutexLock lock(&mu);
+    const auto any = [](int* n) { return *n > 0; };
+    filled = mu.AwaitWithTimeout(absl::Condition(+any, &refused), absl::Seconds(30));
+  }
   grpc::Status probed;
-  for (absl::Time until = absl::Now() + absl::Seconds(20); absl::Now() < until;) {
+  if (filled) {
     grpc::ClientContext probe;
-    probed = post(&probe, "probe", 0, absl::Milliseconds(300));
-    if (probed.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    probed = post(&probe, "probe", 0, absl::Seconds(5));
   }
 
   // The callers leave (on every path, so that no thread outlives the test).
@@ -552,8 +568,9 @@ TEST_P(SecurityTest, AbandonedRendezvousRoundsCloseWhenTheirCallersLeave) {
   for (auto& ctx : contexts) ctx->TryCancel();
   for (auto& t : abandoned) t.join();
   EXPECT_EQ(answered_early.load(), 0) << "abandoned posts were answered before their callers left";
+  ASSERT_TRUE(filled) << "none of " << kPosts << " abandoned posts was refused within 30 s: the table never filled";
   ASSERT_EQ(probed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << "the abandoned rounds never filled the table: " << probed.error_message();
+      << "a table full of abandoned rounds took another: " << probed.error_message();
   int cancelled = 0;
   for (int i = 0; i < kPosts; ++i) {
     const grpc::StatusCode code = answers[i].error_code();
