@@ -326,6 +326,38 @@ def _placeholder(shape, dtype):
     return t
 
 
+# The name a ShardedModule gave each parameter it shards: a torch optimizer
+# over one is refused where it is made (below).
+_SHARDED_NAME = "_pshard_sharded_as"
+
+
+def _refuse_sharded_parameters(add_param_group):
+    """Wraps ``Optimizer.add_param_group`` (through which every torch
+    optimizer takes its parameters, at construction and later) so that a
+    parameter a ShardedModule shards is refused with the reason. Parameters
+    pshard does not shard pass through unchanged."""
+    def checked(self, param_group):
+        if isinstance(param_group, dict) and not isinstance(param_group.get("params"), (torch.Tensor, set)):
+            param_group["params"] = list(param_group.get("params", []))
+            params = param_group["params"]
+        else:
+            params = [param_group.get("params")] if isinstance(param_group, dict) else []
+        for param in params:
+            name = getattr(param, _SHARDED_NAME, None)
+            if name is not None:
+                raise ValueError(f"parameter {name} is sharded by a ShardedModule: its optimizer is the shard "
+                                 "servers' AdamW (pshard-server --lr, --weight_decay, --beta1, --beta2), applied at "
+                                 "ShardedModule.step(); a torch optimizer over it would see no gradient and change "
+                                 "nothing")
+        return add_param_group(self, param_group)
+    checked.__wrapped__ = add_param_group
+    return checked
+
+
+if not hasattr(torch.optim.Optimizer.add_param_group, "__wrapped__"):
+    torch.optim.Optimizer.add_param_group = _refuse_sharded_parameters(torch.optim.Optimizer.add_param_group)
+
+
 class ShardedModule(nn.Module):
     """``module`` with its parameters on the shard servers at ``servers``
     (every server of the job), as trainer ``rank``.
@@ -358,7 +390,8 @@ class ShardedModule(nn.Module):
     changed.
 
     The optimizer is the servers' AdamW: a torch optimizer over this
-    module's parameters would see no gradients and change nothing. The
+    module's parameters would see no gradients and change nothing, so one is
+    refused (ValueError, naming the parameter) when it is made. The
     encodings default to fp32 both ways (exact, as FSDP without mixed
     precision); ``pshard local`` and ``pshard-trainer`` default to bf16
     weights.
@@ -423,6 +456,7 @@ class ShardedModule(nn.Module):
                 acc = p.param.expand_as(p.param).grad_fn.next_functions[0][0]
                 acc.register_hook(self._grad_hook(unit, i))
                 self._accumulators.append(acc)
+                setattr(p.param, _SHARDED_NAME, p.name)
                 p.placeholder = _placeholder(p.shape, unit.dtype)
                 p.param.data = p.placeholder
             unit.module.register_forward_pre_hook(self._pre_forward_hook(unit))

@@ -267,6 +267,33 @@ class BadUseTest(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "buffer scale changed during step 1"):
                 sharded.step()
 
+    def test_a_torch_optimizer_over_sharded_parameters_is_refused(self):
+        model = fresh_model()
+        directory = tempfile.mkdtemp(prefix="pshard-torch-")
+        layout, init = pt.write_job(model, directory, policy)
+        untouched = nn.Linear(3, 3)
+        with servers(1, 1, layout, init) as job:
+            sharded = pt.ShardedModule(model, job.addresses, 0, policy)
+            first = next(n for n, _ in sharded.module.named_parameters())
+            for make in (lambda: torch.optim.SGD(sharded.parameters(), lr=0.1),
+                         lambda: torch.optim.AdamW([{"params": list(model.parameters())}])):
+                with self.assertRaisesRegex(ValueError, f"parameter {first} is sharded by a ShardedModule: its "
+                                                        "optimizer is the shard servers' AdamW"):
+                    make()
+            # A group added later is checked too, and one of its own
+            # parameters still trains as torch trains it.
+            mixed = torch.optim.SGD(untouched.parameters(), lr=0.5)
+            with self.assertRaisesRegex(ValueError, "is sharded by a ShardedModule"):
+                mixed.add_param_group({"params": (p for p in model.parameters())})
+            self.assertEqual(len(mixed.param_groups), 1)
+            before = untouched.weight.detach().clone()
+            untouched(torch.ones(2, 3)).sum().backward()
+            mixed.step()
+            torch.testing.assert_close(untouched.weight.detach(), before - 0.5 * untouched.weight.grad)
+            # The job still steps.
+            loss_of(sharded, *batch(0, 0)).backward()
+            sharded.step()
+
     def test_local_servers_use_torch_adamw_betas_unless_told(self):
         directory = tempfile.mkdtemp(prefix="pshard-torch-")
         layout, init = pt.write_job(fresh_model(), directory, policy)
