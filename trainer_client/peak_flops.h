@@ -5,7 +5,7 @@
 namespace pshard {
 
 /// This machine's best single-precision GEMM rate with the current BLAS
-/// thread setting, in FLOP/s (a few 512^3 products, about 0.1 s).
+/// thread setting, in FLOP/s (the best of 512^3 products over 0.25 s).
 double MeasureSgemmFlops();
 
 }  // namespace pshard
