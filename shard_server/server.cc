@@ -330,6 +330,12 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(Spec spec) {
                                                    " bytes cannot carry fetch chunks of ", spec.fetch_chunk_bytes,
                                                    " bytes; raise it or lower the chunk size"));
   }
+  if (spec.connection_limits.per_connection < 1 ||
+      spec.connection_limits.total < spec.connection_limits.per_connection) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "connection caps of ", spec.connection_limits.per_connection, " per host and ", spec.connection_limits.total,
+        " in all: need at least 1 per host, and no fewer in all than per host"));
+  }
   // Credentials first: a server that cannot authenticate must not start open.
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, ServerCredentialsFor(spec.security));
   ASSIGN_OR_RETURN(std::unique_ptr<CallerAuthenticator> authenticator, CallerAuthenticator::Create(spec.security));

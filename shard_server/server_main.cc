@@ -77,6 +77,10 @@ ABSL_FLAG(bool, allow_schedule_change, false,
           "resume from a checkpoint of a job whose --total_steps differed: the cosine schedule is re-stretched "
           "to the new end (the learning rate jumps); without it such a resume is refused");
 ABSL_FLAG(int, max_message_bytes, 4 << 20, "largest accepted gRPC message");
+ABSL_FLAG(int, max_connections_per_host, 256,
+          "open connections one peer host may hold (trainers behind one NAT address share it); one past it is "
+          "closed before its TLS handshake");
+ABSL_FLAG(int, max_connections, 1024, "open connections in all; one past it is closed before its TLS handshake");
 
 namespace {
 
@@ -154,6 +158,8 @@ int main(int argc, char** argv) {
   spec.enable_ucx = absl::GetFlag(FLAGS_ucx);
   spec.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   spec.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  spec.connection_limits = {.per_connection = absl::GetFlag(FLAGS_max_connections_per_host),
+                            .total = absl::GetFlag(FLAGS_max_connections)};
   spec.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   spec.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   spec.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);

@@ -417,5 +417,91 @@ TEST(ServerMemory, HandshakesWithoutCertificatesAreCappedPerHostAndInAll) {
   EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
 }
 
+// A plaintext connection from `source` (an address of this host) that sends
+// HTTP/2's preface and settings and stays; held() when the server answered
+// with its own settings (a refused connection is closed unanswered).
+class HeldPlainConnection {
+ public:
+  HeldPlainConnection(const std::string& source, int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const timeval five{5, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
+    sockaddr_in from{}, to{};
+    from.sin_family = to.sin_family = AF_INET;
+    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+        connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+      return;
+    }
+    static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    static constexpr unsigned char kEmptySettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+    std::string hello(kPreface, sizeof(kPreface) - 1);
+    hello.append(reinterpret_cast<const char*>(kEmptySettings), sizeof(kEmptySettings));
+    char reply[9];
+    held_ = send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size()) &&
+            recv(fd_, reply, sizeof(reply), MSG_WAITALL) == sizeof(reply) && reply[3] == 4;  // a SETTINGS frame
+  }
+  ~HeldPlainConnection() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool held() const { return held_; }
+
+ private:
+  int fd_ = -1;
+  bool held_ = false;
+};
+
+// The caps are the server's flags: a NAT address that many trainers share
+// can be given more, and bad caps are refused before the server starts.
+TEST(ServerMemory, ConnectionCapsAreTheServersFlags) {
+  const std::string dir = MakeRunDir();
+  const std::vector<std::string> model = {"--layers=2", "--d_model=32", "--heads=2", "--context=16"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), model.begin(), model.end());
+    return flags;
+  };
+  for (const auto& [bad, says] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--max_connections_per_host=0"}, "connection caps of 0 per host and 1024 in all"},
+           {{"--max_connections_per_host=8", "--max_connections=4"}, "connection caps of 8 per host and 4 in all"}}) {
+    absl::StatusOr<ChildProcess> refused = StartServer(dir, with(bad));
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    const std::optional<int> code = refused->WaitUntil(absl::Now() + absl::Seconds(30));
+    EXPECT_EQ(code, std::optional<int>(1)) << bad[0];
+    EXPECT_THAT(ReadFile(dir + "/server.log"), HasSubstr(says));
+  }
+
+  absl::StatusOr<ChildProcess> server = StartServer(dir, with({"--max_connections_per_host=3", "--max_connections=4"}));
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<int> port = WaitForPortFile(dir + "/port", *server, absl::Seconds(30));
+  ASSERT_TRUE(port.ok()) << port.status() << ReadFile(dir + "/server.log");
+  std::vector<std::unique_ptr<HeldPlainConnection>> held;
+  auto hold = [&](const std::string& source, int attempts) {
+    int taken = 0;
+    for (int i = 0; i < attempts; ++i) {
+      auto connection = std::make_unique<HeldPlainConnection>(source, *port);
+      if (!connection->held()) continue;
+      ++taken;
+      held.push_back(std::move(connection));
+    }
+    return taken;
+  };
+  EXPECT_EQ(hold("127.0.0.1", 5), 3) << "connections held from one host";
+  EXPECT_EQ(hold("127.0.0.2", 3), 1) << "connections held from a second host, past the total";
+  EXPECT_THAT(ReadFile(dir + "/server.log"), HasSubstr("this host holds 3 open connections"));
+
+  held.clear();
+  std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs;
+  Connect(absl::StrCat("127.0.0.1:", *port), 1, stubs);
+  ASSERT_EQ(stubs.size(), 1u);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::StatusResponse status;
+  EXPECT_TRUE(stubs[0]->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+  server->Signal(SIGTERM);
+  EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
+}
+
 }  // namespace
 }  // namespace pshard
