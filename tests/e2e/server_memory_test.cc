@@ -295,12 +295,14 @@ TEST(ServerMemory, StalledPushesHoldNoMoreThanTheCapsAllow) {
   EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
 }
 
-// A TLS connection that completes its handshake without a certificate and
-// sends HTTP/2's preface and settings, then stays: what a stranger can
-// make the server hold. Connects from `source` (an address of this host).
-class HeldTlsConnection {
+// A connection that sends HTTP/2's preface and settings and then stays:
+// over TLS (`ctx`) completing its handshake without a certificate, or
+// plaintext (`ctx` null); what a stranger can make the server hold.
+// Connects from `source` (an address of this host); held() when the server
+// answered with its settings (a refused connection is closed unanswered).
+class HeldConnection {
  public:
-  HeldTlsConnection(SSL_CTX* ctx, const std::string& source, int port) {
+  HeldConnection(SSL_CTX* ctx, const std::string& source, int port) {
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const timeval five{5, 0};
     setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
@@ -314,37 +316,46 @@ class HeldTlsConnection {
         connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
       return;
     }
-    ssl_ = SSL_new(ctx);
-    SSL_set_fd(ssl_, fd_);
-    SSL_set_tlsext_host_name(ssl_, "localhost");
-    if (SSL_connect(ssl_) != 1) return;
+    if (ctx != nullptr) {
+      ssl_ = SSL_new(ctx);
+      SSL_set_fd(ssl_, fd_);
+      SSL_set_tlsext_host_name(ssl_, "localhost");
+      if (SSL_connect(ssl_) != 1) return;  // refused: closed before its handshake
+    }
     static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     static constexpr unsigned char kEmptySettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
     std::string hello(kPreface, sizeof(kPreface) - 1);
     hello.append(reinterpret_cast<const char*>(kEmptySettings), sizeof(kEmptySettings));
-    // The server's settings, or its close (a refused connection is closed
-    // unanswered, so the handshake itself fails; this is for the rest).
-    char reply[64];
-    held_ = SSL_write(ssl_, hello.data(), static_cast<int>(hello.size())) > 0 && SSL_read(ssl_, reply, 9) == 9;
+    char reply[9];
+    held_ = Write(hello) && Read(reply, sizeof(reply)) && reply[3] == 4;  // a SETTINGS frame
   }
-  ~HeldTlsConnection() {
+  ~HeldConnection() {
     if (ssl_ != nullptr) SSL_free(ssl_);
     if (fd_ >= 0) close(fd_);
   }
   bool held() const { return held_; }
 
  private:
+  bool Write(const std::string& bytes) {
+    if (ssl_ != nullptr) return SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size())) > 0;
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+  }
+  bool Read(char* into, int length) {
+    if (ssl_ != nullptr) return SSL_read(ssl_, into, length) == length;
+    return recv(fd_, into, length, MSG_WAITALL) == length;
+  }
   int fd_ = -1;
   SSL* ssl_ = nullptr;
   bool held_ = false;
 };
 
-// `attempts` held TLS connections from `source`; those the server took.
+// `attempts` held connections from `source` (TLS with `ctx`, plaintext
+// without); those the server took.
 int HoldConnections(SSL_CTX* ctx, const std::string& source, int port, int attempts,
-                    std::vector<std::unique_ptr<HeldTlsConnection>>& held) {
+                    std::vector<std::unique_ptr<HeldConnection>>& held) {
   int taken = 0;
   for (int i = 0; i < attempts; ++i) {
-    auto connection = std::make_unique<HeldTlsConnection>(ctx, source, port);
+    auto connection = std::make_unique<HeldConnection>(ctx, source, port);
     if (!connection->held()) continue;
     ++taken;
     held.push_back(std::move(connection));
@@ -380,7 +391,7 @@ TEST(ServerMemory, HandshakesWithoutCertificatesAreCappedPerHostAndInAll) {
   static constexpr unsigned char kH2[] = {2, 'h', '2'};
   SSL_CTX_set_alpn_protos(ctx.get(), kH2, sizeof(kH2));
 
-  std::vector<std::unique_ptr<HeldTlsConnection>> held;
+  std::vector<std::unique_ptr<HeldConnection>> held;
   const int first = HoldConnections(ctx.get(), "127.0.0.1", *port, kFromFirstHost, held);
   EXPECT_EQ(first, kPerHost) << "connections held from one host";
   int others = 0;
@@ -417,42 +428,6 @@ TEST(ServerMemory, HandshakesWithoutCertificatesAreCappedPerHostAndInAll) {
   EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
 }
 
-// A plaintext connection from `source` (an address of this host) that sends
-// HTTP/2's preface and settings and stays; held() when the server answered
-// with its own settings (a refused connection is closed unanswered).
-class HeldPlainConnection {
- public:
-  HeldPlainConnection(const std::string& source, int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const timeval five{5, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof(five));
-    sockaddr_in from{}, to{};
-    from.sin_family = to.sin_family = AF_INET;
-    inet_pton(AF_INET, source.c_str(), &from.sin_addr);
-    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    if (bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
-        connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
-      return;
-    }
-    static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    static constexpr unsigned char kEmptySettings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
-    std::string hello(kPreface, sizeof(kPreface) - 1);
-    hello.append(reinterpret_cast<const char*>(kEmptySettings), sizeof(kEmptySettings));
-    char reply[9];
-    held_ = send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(hello.size()) &&
-            recv(fd_, reply, sizeof(reply), MSG_WAITALL) == sizeof(reply) && reply[3] == 4;  // a SETTINGS frame
-  }
-  ~HeldPlainConnection() {
-    if (fd_ >= 0) close(fd_);
-  }
-  bool held() const { return held_; }
-
- private:
-  int fd_ = -1;
-  bool held_ = false;
-};
-
 // The caps are the server's flags: a NAT address that many trainers share
 // can be given more, and bad caps are refused before the server starts.
 TEST(ServerMemory, ConnectionCapsAreTheServersFlags) {
@@ -476,19 +451,10 @@ TEST(ServerMemory, ConnectionCapsAreTheServersFlags) {
   ASSERT_TRUE(server.ok()) << server.status();
   absl::StatusOr<int> port = WaitForPortFile(dir + "/port", *server, absl::Seconds(30));
   ASSERT_TRUE(port.ok()) << port.status() << ReadFile(dir + "/server.log");
-  std::vector<std::unique_ptr<HeldPlainConnection>> held;
-  auto hold = [&](const std::string& source, int attempts) {
-    int taken = 0;
-    for (int i = 0; i < attempts; ++i) {
-      auto connection = std::make_unique<HeldPlainConnection>(source, *port);
-      if (!connection->held()) continue;
-      ++taken;
-      held.push_back(std::move(connection));
-    }
-    return taken;
-  };
-  EXPECT_EQ(hold("127.0.0.1", 5), 3) << "connections held from one host";
-  EXPECT_EQ(hold("127.0.0.2", 3), 1) << "connections held from a second host, past the total";
+  std::vector<std::unique_ptr<HeldConnection>> held;
+  EXPECT_EQ(HoldConnections(nullptr, "127.0.0.1", *port, 5, held), 3) << "connections held from one host";
+  EXPECT_EQ(HoldConnections(nullptr, "127.0.0.2", *port, 3, held), 1)
+      << "connections held from a second host, past the total";
   EXPECT_THAT(ReadFile(dir + "/server.log"), HasSubstr("this host holds 3 open connections"));
 
   held.clear();
