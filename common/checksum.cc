@@ -98,7 +98,46 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const unsigned char* p
 }
 #endif
 
+// Polynomials modulo the Castagnoli polynomial P, bit-reflected as the
+// register holds them: bit 31 is the coefficient of x^0, bit 0 that of x^31.
+constexpr uint32_t kOne = 1u << 31;  // x^0
+
+// a * b mod P.
+uint32_t MultiplyModP(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t bit = kOne; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ kPolynomial : b >> 1;  // b * x
+  }
+  return product;
+}
+
+// x^(2^k) mod P for k = 0..63.
+const std::array<uint32_t, 64>& PowersOfXSquared() {
+  static const std::array<uint32_t, 64> powers = [] {
+    std::array<uint32_t, 64> p{};
+    p[0] = kOne >> 1;  // x^1
+    for (size_t k = 1; k < p.size(); ++k) p[k] = MultiplyModP(p[k - 1], p[k - 1]);
+    return p;
+  }();
+  return powers;
+}
+
 }  // namespace
+
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  // The register is linear in its input: after A then B it is A's register
+  // carried through |B| zero bytes (times x^(8|B|) mod P) plus B's own. With
+  // Crc32c's inverted start and end the inversions cancel, so the same holds
+  // for the finished checksums.
+  const std::array<uint32_t, 64>& powers = PowersOfXSquared();
+  uint32_t shift = kOne;
+  int k = 3;  // 8 |B| = |B| * 2^3
+  for (uint64_t n = length_b; n != 0 && k < 64; n >>= 1, ++k) {
+    if (n & 1) shift = MultiplyModP(shift, powers[k]);
+  }
+  return MultiplyModP(crc_a, shift) ^ crc_b;
+}
 
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);

@@ -13,6 +13,11 @@ namespace pshard {
 /// Thread-safe.
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);
 
+/// The CRC-32C of A followed by B, from Crc32c(A), Crc32c(B) and the length
+/// of B: pieces of a range checksummed apart (in any order, on any thread)
+/// join into the range's checksum. O(log length_b).
+uint32_t Crc32cCombine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
+
 }  // namespace pshard
 
 #endif  // PSHARD_COMMON_CHECKSUM_H_

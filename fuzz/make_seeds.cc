@@ -487,8 +487,11 @@ std::string UcxRecord(uint8_t which, uint8_t token, const Header& header, const 
 void AddUcx(Corpus& corpus, const std::vector<int64_t>& lengths) {
   const int units = static_cast<int>(lengths.size());
   uint64_t request = 1;
-  auto fetch = [&](uint8_t token, int unit, int64_t version, WireEncoding encoding) {
+  auto fetch = [&](uint8_t token, int unit, int64_t version, WireEncoding encoding, int64_t byte_offset = 0,
+                   int64_t byte_length = 0) {
     ucx::FetchHeader h;
+    h.byte_offset = byte_offset;
+    h.byte_length = byte_length;
     h.request_id = request++;
     h.version = version;
     h.wait_ms = 1000;
@@ -515,6 +518,10 @@ void AddUcx(Corpus& corpus, const std::vector<int64_t>& lengths) {
   }
   fetches.push_back(fetch(0, 0, 1, WireEncoding::kBf16));  // a version not yet published
   fetches.push_back(fetch(3, 0, 0, WireEncoding::kFp32));  // a session never issued
+  // Pieces: in the slice, past its end, in bf16 (refused).
+  fetches.push_back(fetch(0, 0, 0, WireEncoding::kFp32, 4, 8));
+  fetches.push_back(fetch(0, 0, 0, WireEncoding::kFp32, lengths[0] * 4 - 4, 8));
+  fetches.push_back(fetch(0, 0, 0, WireEncoding::kBf16, 0, 8));
   corpus.Add("ucx", "fetches", FuzzRecords(0, fetches));
   std::vector<std::string> step = {hello};
   for (int rank = 0; rank < 2; ++rank) {

@@ -33,6 +33,7 @@
 #include "fuzz/harness.h"
 #include "fuzz/in_process_shard.h"
 #include "fuzz/service_checks.h"
+#include "proto/rpc_util.h"
 #include "shard_server/ucx/ucx_service.h"
 
 namespace pshard::fuzz {
@@ -189,7 +190,21 @@ void FuzzUcx(FuzzInput input) {
     Require(reply->header.version == h.version, "a slice was served at another version than asked");
     Require(h.unit >= 0 && h.unit < shard.state().num_units(), "a slice of a unit that does not exist was served");
     Require(reply->header.slice_length == shard.state().slice_length(h.unit), "a served slice is not whole");
-    if (!reply->rendezvous) {
+    if (h.byte_length != 0) {
+      // A piece: fp32 only, within the slice; its bytes are the slice's there.
+      Require(h.encoding == static_cast<int32_t>(EncodingToProto(WireEncoding::kFp32)),
+              "a piece of a slice was served in another encoding");
+      const int64_t slice_bytes = shard.state().slice_length(h.unit) * static_cast<int64_t>(sizeof(float));
+      Require(h.byte_offset >= 0 && h.byte_length > 0 && h.byte_offset <= slice_bytes - h.byte_length,
+              "a piece outside its slice was served");
+      if (!reply->rendezvous) {
+        absl::StatusOr<std::shared_ptr<const PublishedSlice>> slice =
+            shard.state().Published(h.unit, h.version, WireFormat(WireEncoding::kFp32));
+        Require(slice.ok() && reply->data.size() == static_cast<size_t>(h.byte_length) &&
+                    std::memcmp(reply->data.data(), (*slice)->bytes().data() + h.byte_offset, reply->data.size()) == 0,
+                "a served piece is not the slice's bytes at its offset");
+      }
+    } else if (!reply->rendezvous) {
       Require(Crc32c(reply->data.data(), reply->data.size()) == reply->header.checksum,
               "a served slice does not match its checksum");
     }

@@ -45,6 +45,12 @@ struct FetchHeader {
   int32_t encoding = 0;     ///< v1::Encoding
   int32_t quant_block = 0;  ///< elements per scale (int8)
   int32_t reserved = 0;
+  /// A piece of the encoded slice: `byte_length` bytes from `byte_offset`
+  /// (fp32 only); byte_length 0 asks for the whole slice. The reply's
+  /// checksum is the whole slice's either way: the trainer joins its
+  /// pieces' checksums (Crc32cCombine).
+  int64_t byte_offset = 0;
+  int64_t byte_length = 0;
 };
 
 struct PushHeader {

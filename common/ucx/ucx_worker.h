@@ -38,9 +38,19 @@ class UcxWorker {
   /// Active-message ids below this that `handlers` leave out are dropped on
   /// arrival (no peer can reach UCX's missing-handler path below it).
   static constexpr uint16_t kGuardedAmIds = 64;
-  /// Creates the context and worker (UCX reads its UCX_* environment here),
-  /// registers `handlers` and starts the progress thread.
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const std::vector<AmHandler>& handlers);
+  /// Who moves a rendezvous message's bytes.
+  enum class Rendezvous {
+    kUcxDefault,  ///< UCX's choice (over shared memory: the receiver reads them)
+    /// The sender writes them into the receiver's buffer (put). A shard
+    /// server's replies: each server's own thread moves its slices, rather
+    /// than the trainer's one progress thread moving every server's in turn.
+    kSenderWrites,
+  };
+  /// Creates the context and worker (UCX reads its UCX_* environment here;
+  /// UCX_RNDV_SCHEME, where set, wins over `rendezvous`), registers
+  /// `handlers` and starts the progress thread.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const std::vector<AmHandler>& handlers,
+                                                           Rendezvous rendezvous = Rendezvous::kUcxDefault);
   /// Stops the thread (see Stop) and destroys the worker and the context.
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;

@@ -22,10 +22,23 @@ constexpr const char* kTransport = "ucx";
 struct Reply {
   ucx::ReplyHeader header;
   std::shared_ptr<const PublishedSlice> slice;  // a fetch reply's payload, held until sent
-  std::span<const std::byte> payload() const {
-    return slice != nullptr ? slice->bytes() : std::span<const std::byte>();
-  }
+  std::span<const std::byte> piece;             // what of slice's bytes is sent
+  std::span<const std::byte> payload() const { return slice != nullptr ? piece : std::span<const std::byte>(); }
 };
+
+// The bytes a fetch asks for: the whole encoded slice, or (fp32) a piece.
+absl::Status CheckPiece(const ucx::FetchHeader& h, const WireFormat& format, int64_t slice_length) {
+  if (h.byte_offset == 0 && h.byte_length == 0) return absl::OkStatus();
+  const int64_t size = static_cast<int64_t>(format.EncodedBytes(static_cast<size_t>(slice_length)));
+  if (format.encoding() != WireEncoding::kFp32) {
+    return absl::InvalidArgumentError("a piece of a slice is served in fp32 only; ask for the whole slice");
+  }
+  if (h.byte_length <= 0 || h.byte_offset < 0 || h.byte_offset > size - h.byte_length) {
+    return absl::InvalidArgumentError(absl::StrCat("piece of ", h.byte_length, " bytes from byte ", h.byte_offset,
+                                                   " is not within the slice's ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
 
 // Where a session's replies go: an endpoint the server made to the trainer's
 // worker (its hello), whose failure UCX reports where its transports can
@@ -133,6 +146,7 @@ ucs_status_t UcxService::Impl::OnFetch(void* arg, const void* header, size_t hea
   absl::StatusOr<WireFormat> format = WeightFormatFromProto(static_cast<v1::Encoding>(h.encoding), h.quant_block);
   absl::Status status = format.status();
   if (status.ok()) status = self->state->CheckFetch(h.unit, h.version, *rank);
+  if (status.ok()) status = CheckPiece(h, *format, self->state->slice_length(h.unit));
   if (!status.ok()) {
     self->Refuse(peer, ucx::kFetchReply, h.request_id, status);
     return UCS_OK;
@@ -175,6 +189,8 @@ void UcxService::Impl::SendSlice(std::shared_ptr<Peer> peer, const ucx::FetchHea
     status = slice.status();
     if (status.ok()) {
       reply->slice = std::move(*slice);
+      reply->piece = request.byte_length == 0 ? reply->slice->bytes()
+                                              : reply->slice->bytes().subspan(request.byte_offset, request.byte_length);
       reply->header.checksum = reply->slice->checksum();
       reply->header.version = request.version;
       reply->header.slice_length = reply->slice->elements();
@@ -386,7 +402,8 @@ absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state,
   impl->options = options;
   ASSIGN_OR_RETURN(impl->worker, ucx::UcxWorker::Create({{ucx::kFetchRequest, &Impl::OnFetch, impl.get()},
                                                          {ucx::kPushRequest, &Impl::OnPush, impl.get()},
-                                                         {ucx::kHello, &Impl::OnHello, impl.get()}}));
+                                                         {ucx::kHello, &Impl::OnHello, impl.get()}},
+                                                        ucx::UcxWorker::Rendezvous::kSenderWrites));
   return std::unique_ptr<UcxService>(new UcxService(std::move(impl)));
 }
 

@@ -4,6 +4,7 @@
 // over shared memory is noticed through its gRPC channel; a client whose UCX
 // cannot start falls back to gRPC; a UCX peer that did not join is refused
 // and changes nothing.
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "common/ucx/ucx_worker.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/rpc_util.h"
 #include "proto/shard.grpc.pb.h"
 #include "tools/cluster_status.h"
 #include "tests/testutil/cluster_training.h"
@@ -415,6 +417,131 @@ TEST(UcxTest, AMessageForNoHandlerIsDroppedAndTheServerServesOn) {
   auto client = (*cluster)->Connect(0, WireEncoding::kFp32, "ucx");
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_TRUE(Train(client->get(), nullptr, kSteps).ok());
+}
+
+// Sends `requests` to shard 0 from a worker made by hand and returns the
+// server's replies, in order (each waited for at most 30 s).
+std::vector<ucx::ReplyHeader> RawFetches(LocalCluster& cluster, const std::vector<ucx::FetchHeader>& requests) {
+  absl::Mutex mu;
+  std::vector<ucx::ReplyHeader> replies;
+  struct Sink {
+    absl::Mutex* mu;
+    std::vector<ucx::ReplyHeader>* replies;
+  } sink{&mu, &replies};
+  auto on_reply = [](void* arg, const void* header, size_t header_length, void*, size_t,
+                     const ucp_am_recv_param_t*) -> ucs_status_t {
+    auto* s = static_cast<Sink*>(arg);
+    ucx::ReplyHeader h;
+    if (ucx::ReadHeader(header, header_length, &h)) {
+      absl::MutexLock lock(s->mu);
+      s->replies->push_back(h);
+    }
+    return UCS_OK;  // rendezvous data not asked for is dropped
+  };
+  auto worker = ucx::UcxWorker::Create({{ucx::kFetchReply, on_reply, &sink}});
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  if (!worker.ok()) return {};
+  const std::string server = cluster.server(0).ucx_address();
+  ucp_ep_h ep = nullptr;
+  absl::Status connected;
+  absl::Notification sent;
+  (*worker)->Post([&] {
+    absl::StatusOr<ucx::Endpoint> endpoint =
+        ucx::Connect((*worker)->worker(), server.data(), ucx::PeerFailure::kOwner, nullptr, nullptr);
+    connected = endpoint.status();
+    if (endpoint.ok()) {
+      ep = endpoint->ep;
+      for (const ucx::FetchHeader& h : requests) {
+        ucx::SendAm(ep, ucx::kFetchRequest, &h, sizeof(h), nullptr, 0, /*reply=*/true, [](ucs_status_t) {});
+      }
+    }
+    sent.Notify();
+  });
+  sent.WaitForNotification();
+  EXPECT_TRUE(connected.ok()) << connected;
+  {
+    absl::MutexLock lock(&mu);
+    auto answered = [&] { return replies.size() >= requests.size(); };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&answered), absl::Seconds(30)))
+        << replies.size() << " of " << requests.size() << " fetches answered";
+  }
+  (*worker)->Stop([&] {
+    if (ep != nullptr) ucx::CloseNow((*worker)->worker(), ep);
+  });
+  absl::MutexLock lock(&mu);
+  return replies;
+}
+
+// A slice of several pieces (fp32) lands whole: the bytes are the server's
+// master bytes, each piece verified and their checksums joined. A piece
+// outside the slice, or of another encoding, is refused with the reason.
+TEST(UcxTest, ALargeSliceIsFetchedInPiecesAndArrivesWhole) {
+  JobConfig job;
+  job.model = MakeGptSpec(GptConfig{.num_layers = 1, .d_model = 512, .num_heads = 4, .context = 16, .vocab = 256})
+                  .value();
+  job.num_shards = 1;
+  auto cluster = LocalCluster::Start(job);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const JobLayout& layout = (*cluster)->server(0).state().layout();
+  int unit = 0;
+  for (int u = 0; u < static_cast<int>(layout.partitions.size()); ++u) {
+    if (layout.partitions[u].padded_numel() > layout.partitions[unit].padded_numel()) unit = u;
+  }
+  const UnitPartition& p = layout.partitions[unit];
+  const int64_t slice_bytes = p.Slice(0).length * static_cast<int64_t>(sizeof(float));
+  ASSERT_GE(slice_bytes, 3 * UcxTransport::kFetchPieceBytes) << "the slice must come in 3 pieces or more";
+  auto master = (*cluster)->ReadMasterWeights();
+  ASSERT_TRUE(master.ok()) << master.status();
+
+  const uint64_t token = JoinShard0(**cluster, 0);
+  auto context = UcxContext::Create();
+  ASSERT_TRUE(context.ok()) << context.status();
+  auto link = UcxTransport::Create(Shard0Spec(**cluster, context->get(), token, absl::Seconds(30)));
+  ASSERT_TRUE(link.ok()) << link.status();
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    std::vector<float> dest(p.padded_numel(), std::nanf(""));
+    absl::Notification done;
+    absl::Status fetched;
+    int64_t wire_bytes = 0;
+    (*link)->Fetch(FetchArgs{unit, 0, WireEncoding::kFp32, 0, p.Slice(0)}, dest.data(),
+                   [&](absl::Status s, int64_t bytes) {
+                     fetched = std::move(s);
+                     wire_bytes = bytes;
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    ASSERT_TRUE(fetched.ok()) << fetched;
+    EXPECT_GE(wire_bytes, slice_bytes);
+    const std::vector<float>& want = (*master)[unit];
+    ASSERT_GE(want.size(), static_cast<size_t>(p.Slice(0).length));
+    EXPECT_EQ(std::memcmp(dest.data(), want.data(), slice_bytes), 0) << "repeat " << repeat;
+  }
+
+  // Another session (a reader's): the server answers each session at the
+  // endpoint its hello named, and this one says none.
+  const uint64_t reader = JoinShard0(**cluster, -1);
+  auto header = [&](int64_t offset, int64_t length, WireEncoding encoding) {
+    ucx::FetchHeader h;
+    h.token = reader;
+    h.request_id = static_cast<uint64_t>(100 + offset + length);
+    h.version = 0;
+    h.wait_ms = 10000;
+    h.unit = unit;
+    h.encoding = static_cast<int32_t>(EncodingToProto(encoding));
+    h.byte_offset = offset;
+    h.byte_length = length;
+    return h;
+  };
+  const std::vector<ucx::ReplyHeader> replies = RawFetches(
+      **cluster, {header(slice_bytes - 8, 16, WireEncoding::kFp32), header(-4, 8, WireEncoding::kFp32),
+                  header(0, 8, WireEncoding::kBf16), header(slice_bytes - 8, 8, WireEncoding::kFp32)});
+  ASSERT_EQ(replies.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(replies[i].status_code, static_cast<int32_t>(absl::StatusCode::kInvalidArgument)) << i;
+  }
+  EXPECT_NE(replies[0].Message().find("is not within the slice's"), std::string::npos) << replies[0].Message();
+  EXPECT_NE(replies[2].Message().find("fp32 only"), std::string::npos) << replies[2].Message();
+  EXPECT_EQ(replies[3].status_code, 0) << replies[3].Message();  // the last 8 bytes, in range
 }
 
 }  // namespace

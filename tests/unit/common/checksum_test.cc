@@ -107,6 +107,35 @@ TEST(Crc32cTest, IncrementalEqualsOneShot) {
   EXPECT_EQ(Crc32c(data.data(), 0, whole), whole);
 }
 
+// Pieces checksummed apart join into the whole's checksum, against the
+// bit-at-a-time reference over the whole range.
+TEST(Crc32cTest, CombinedPiecesEqualTheWhole) {
+  const std::vector<unsigned char> data = PseudoRandomBytes(3000, 11);
+  const uint32_t whole = ReferenceCrc32c(data.data(), data.size());
+  for (size_t split = 0; split <= data.size(); split += split < 40 ? 1 : 97) {
+    const uint32_t a = ReferenceCrc32c(data.data(), split);
+    const uint32_t b = ReferenceCrc32c(data.data() + split, data.size() - split);
+    ASSERT_EQ(Crc32cCombine(a, b, data.size() - split), whole) << "split " << split;
+  }
+  // Uneven pieces joined left to right, each checksummed from zero.
+  uint32_t crc = 0;
+  size_t at = 0;
+  for (size_t piece = 1; at < data.size(); piece = piece * 3 % 401 + 1) {
+    const size_t n = std::min(piece, data.size() - at);
+    crc = Crc32cCombine(crc, ReferenceCrc32c(data.data() + at, n), n);
+    at += n;
+  }
+  EXPECT_EQ(crc, whole);
+  // A long second piece (the shift's high powers): 3 MiB of one byte value.
+  const std::vector<unsigned char> ones(3 << 20, 0xa5);
+  const std::vector<unsigned char> head = PseudoRandomBytes(5, 2);
+  std::vector<unsigned char> joined(head);
+  joined.insert(joined.end(), ones.begin(), ones.end());
+  EXPECT_EQ(Crc32cCombine(ReferenceCrc32c(head.data(), head.size()), ReferenceCrc32c(ones.data(), ones.size()),
+                          ones.size()),
+            ReferenceCrc32c(joined.data(), joined.size()));
+}
+
 TEST(Crc32cTest, DetectsSingleBitFlips) {
   std::vector<unsigned char> data = PseudoRandomBytes(256, 5);
   const uint32_t clean = Crc32c(data.data(), data.size());

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/checksum.h"
 #include "common/ucx/ucx_wire.h"
@@ -82,6 +85,12 @@ struct UcxContext::Op {
   bool expired = false;    // the deadline passed while receiving: the endpoint was closed
   uint32_t checksum = 0;
   std::vector<std::byte> staging;  // rendezvous bytes that do not fit in dest (tiny quantized slices)
+  // A piece of a slice fetched in pieces (pieced null: the whole slice):
+  // piece_length bytes from piece_offset, in fp32.
+  std::shared_ptr<UcxContext::PiecedFetch> pieced;
+  int piece = 0;
+  int64_t piece_offset = 0;
+  int64_t piece_length = 0;
   // push: the slice goes from the gradient itself (fp32) or from `encoded`
   ucx::PushHeader push;
   std::shared_ptr<const std::vector<float>> grads;
@@ -98,17 +107,7 @@ struct UcxContext::Op {
   // Verifies and decodes the slice, in one pass, from `bytes` (a received
   // eager message, or `staging`; null when rendezvous put it in dest's
   // tail, or in dest itself for fp32), and ends the fetch.
-  void FinishFetch(const void* bytes) {
-    if (expired) return Finish(StillArriving());
-    const std::span<float> slice(dest, fetch_args.slice.length);
-    const uint32_t crc =
-        bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.format, slice, 0)
-                         : DecodeAndChecksum(fetch_args.format, static_cast<const std::byte*>(bytes), slice, 0);
-    if (crc != checksum) {
-      return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
-    }
-    Finish(absl::OkStatus());
-  }
+  void FinishFetch(const void* bytes);
   absl::Status NoReply() const {
     return absl::DeadlineExceededError(absl::StrCat("no reply over UCX within ", absl::FormatDuration(timeout)));
   }
@@ -117,6 +116,99 @@ struct UcxContext::Op {
                                                     absl::FormatDuration(timeout), "; its endpoint was closed"));
   }
 };
+
+// The pieces of one slice's fetch. Ends the fetch once every piece has
+// ended: with the first piece's error (the others are cancelled), or with
+// the pieces' checksums joined and held against the published one.
+struct UcxContext::PiecedFetch {
+  UcxContext* context = nullptr;
+  std::string what;  // the slice's fetch, for its messages
+  TransferDone done;
+  std::vector<uint64_t> ids;      // the pieces' ops; set before any starts
+  std::vector<int64_t> lengths;   // the pieces' bytes
+  std::atomic<bool> failed{false};
+
+  absl::Mutex mu;
+  std::vector<uint32_t> crcs ABSL_GUARDED_BY(mu);       // of each piece as received
+  std::vector<uint32_t> published ABSL_GUARDED_BY(mu);  // the slice's, as each reply gave it
+  int remaining ABSL_GUARDED_BY(mu) = 0;
+  int64_t wire_bytes ABSL_GUARDED_BY(mu) = 0;
+  absl::Status first_error ABSL_GUARDED_BY(mu);
+
+  void Verified(int piece, uint32_t crc, uint32_t published_crc) {
+    absl::MutexLock lock(&mu);
+    crcs[piece] = crc;
+    published[piece] = published_crc;
+  }
+
+  void Ended(int piece, absl::Status status, int64_t bytes) {
+    bool first_failure = false;
+    bool last = false;
+    {
+      absl::MutexLock lock(&mu);
+      wire_bytes += bytes;
+      if (!status.ok() && first_error.ok()) {
+        first_error = std::move(status);
+        first_failure = true;
+        failed = true;
+      }
+      last = --remaining == 0;
+    }
+    if (first_failure && !last) {
+      for (size_t i = 0; i < ids.size(); ++i) {
+        if (static_cast<int>(i) != piece) context->worker_->Post([context = context, id = ids[i]] { context->Cancel(id); });
+      }
+    }
+    if (!last) return;
+    absl::Status result;
+    int64_t total = 0;
+    {
+      absl::MutexLock lock(&mu);
+      total = wire_bytes;
+      result = first_error.ok() ? Joined() : first_error;
+    }
+    done(std::move(result), total);
+  }
+
+ private:
+  absl::Status Joined() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    uint32_t crc = crcs[0];
+    for (size_t i = 1; i < crcs.size(); ++i) {
+      if (published[i] != published[0]) {
+        return absl::DataLossError(absl::StrCat(what, ": the pieces' replies gave two checksums of the slice, ",
+                                                published[0], " and ", published[i]));
+      }
+      crc = Crc32cCombine(crc, crcs[i], static_cast<uint64_t>(lengths[i]));
+    }
+    if (crc != published[0]) {
+      return absl::DataLossError(absl::StrCat(what, ": checksum mismatch: got ", crc, ", published ", published[0]));
+    }
+    return absl::OkStatus();
+  }
+};
+
+void UcxContext::Op::FinishFetch(const void* bytes) {
+  if (expired) return Finish(StillArriving());
+  if (pieced != nullptr) {
+    // fp32: the piece is the slice's bytes from piece_offset, in dest.
+    std::byte* at = reinterpret_cast<std::byte*>(dest) + piece_offset;
+    const uint32_t crc =
+        bytes == nullptr
+            ? Crc32c(at, static_cast<size_t>(piece_length))
+            : DecodeAndChecksum(fetch_args.format, static_cast<const std::byte*>(bytes),
+                                std::span<float>(reinterpret_cast<float*>(at), piece_length / sizeof(float)), 0);
+    pieced->Verified(piece, crc, checksum);
+    return Finish(absl::OkStatus());
+  }
+  const std::span<float> slice(dest, fetch_args.slice.length);
+  const uint32_t crc =
+      bytes == nullptr ? DecodeTailInPlaceAndChecksum(fetch_args.format, slice, 0)
+                       : DecodeAndChecksum(fetch_args.format, static_cast<const std::byte*>(bytes), slice, 0);
+  if (crc != checksum) {
+    return Finish(absl::DataLossError(absl::StrCat("checksum mismatch: got ", crc, ", published ", checksum)));
+  }
+  Finish(absl::OkStatus());
+}
 
 // ---- UcxContext ----
 
@@ -150,6 +242,9 @@ std::shared_ptr<UcxContext::Op> UcxContext::Take(uint64_t id) {
 void UcxContext::Start(std::shared_ptr<Op> op) {
   if (op->health->closed) {  // closed since the transport checked
     return op->Finish(absl::UnavailableError("the UCX endpoint to the server was closed: a reply outlived its deadline"));
+  }
+  if (op->pieced != nullptr && op->pieced->failed) {
+    return op->Finish(absl::CancelledError("cancelled: another piece of the slice failed"));
   }
   const uint64_t id = op->id;
   pending_[id] = op;
@@ -291,7 +386,8 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
         "server sent slice of ", reply.slice_length, " elements at version ", reply.version, "; expected ",
         args.slice.length, " at version ", args.version)));
   }
-  const size_t expected = args.format.EncodedBytes(static_cast<size_t>(args.slice.length));
+  const size_t expected = op->pieced != nullptr ? static_cast<size_t>(op->piece_length)
+                                                : args.format.EncodedBytes(static_cast<size_t>(args.slice.length));
   if (length != expected) {
     return refuse(absl::DataLossError(absl::StrCat("reply carries ", length, " bytes; expected ", expected)));
   }
@@ -301,13 +397,16 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
     return UCS_OK;
   }
   // Rendezvous: the encoded bytes land in the tail of the slice's own fp32
-  // buffer (all of it for fp32) and are decoded there, in place. Slices are
-  // received one at a time, in arrival order, so that each one is complete
-  // (and verified on the verifier thread) while the next is still moving;
+  // buffer (all of it for fp32; a piece at its offset) and are decoded
+  // there, in place. A few are received at once, in arrival order: enough
+  // for two servers to write at a time, few enough that the first finish
+  // (and are verified on the verifier thread) while later ones still move;
   // started all at once, they would all finish together and leave their
   // verification as a tail after the last byte.
   void* target = nullptr;
-  if (FitsInFloats(args.format, static_cast<size_t>(args.slice.length))) {
+  if (op->pieced != nullptr) {
+    target = reinterpret_cast<std::byte*>(op->dest) + op->piece_offset;
+  } else if (FitsInFloats(args.format, static_cast<size_t>(args.slice.length))) {
     target = reinterpret_cast<std::byte*>(op->dest) + args.slice.length * sizeof(float) - length;
   } else {
     op->staging.resize(length);
@@ -425,21 +524,63 @@ void UcxTransport::OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status) 
                                               "): it is down or unreachable")));
 }
 
-void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
+std::shared_ptr<UcxContext::Op> UcxTransport::NewFetchOp(const FetchArgs& args, float* dest, TransferDone done,
+                                                         int64_t offset, int64_t length) {
   auto op = std::make_shared<UcxContext::Op>();
   op->is_fetch = true;
   op->id = spec_.context->next_id_.fetch_add(1);
   op->timeout = spec_.rpc_timeout;
   op->what = absl::StrCat("fetch of unit ", args.unit, " version ", args.version, " from ",
                           Where(spec_.shard, spec_.address));
+  if (length > 0) absl::StrAppend(&op->what, ", bytes ", offset, " to ", offset + length);
   op->done = std::move(done);
   op->cancel = args.cancel;
   op->fetch_args = args;
   op->dest = dest;
+  op->piece_offset = offset;
+  op->piece_length = length;
   op->fetch = ucx::FetchHeader{spec_.session_token, op->id, args.version, absl::ToInt64Milliseconds(spec_.rpc_timeout),
                                args.unit, static_cast<int32_t>(EncodingToProto(args.format.encoding())),
                                args.format.block()};
-  StartOp(std::move(op));
+  op->fetch.byte_offset = offset;
+  op->fetch.byte_length = length;
+  return op;
+}
+
+void UcxTransport::Fetch(const FetchArgs& args, float* dest, TransferDone done) {
+  const int64_t bytes = args.slice.length * static_cast<int64_t>(sizeof(float));
+  if (args.format.encoding() != WireEncoding::kFp32 || bytes < 2 * kFetchPieceBytes) {
+    return StartOp(NewFetchOp(args, dest, std::move(done), 0, 0));
+  }
+  // Even pieces of whole floats.
+  const int64_t count = (bytes + kFetchPieceBytes - 1) / kFetchPieceBytes;
+  const int64_t piece_floats = (args.slice.length + count - 1) / count;
+  auto pieced = std::make_shared<UcxContext::PiecedFetch>();
+  pieced->context = spec_.context;
+  pieced->what = absl::StrCat("fetch of unit ", args.unit, " version ", args.version, " from ",
+                              Where(spec_.shard, spec_.address));
+  pieced->done = std::move(done);
+  std::vector<std::shared_ptr<UcxContext::Op>> ops;
+  for (int64_t first = 0; first < args.slice.length; first += piece_floats) {
+    const int64_t offset = first * static_cast<int64_t>(sizeof(float));
+    const int64_t length = std::min(piece_floats, args.slice.length - first) * static_cast<int64_t>(sizeof(float));
+    const int piece = static_cast<int>(ops.size());
+    ops.push_back(NewFetchOp(
+        args, dest,
+        [pieced, piece](absl::Status status, int64_t wire_bytes) { pieced->Ended(piece, std::move(status), wire_bytes); },
+        offset, length));
+    ops.back()->pieced = pieced;
+    ops.back()->piece = piece;
+    pieced->ids.push_back(ops.back()->id);
+    pieced->lengths.push_back(length);
+  }
+  {
+    absl::MutexLock lock(&pieced->mu);
+    pieced->crcs.assign(ops.size(), 0);
+    pieced->published.assign(ops.size(), 0);
+    pieced->remaining = static_cast<int>(ops.size());
+  }
+  for (std::shared_ptr<UcxContext::Op>& op : ops) StartOp(std::move(op));
 }
 
 void UcxTransport::Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) {

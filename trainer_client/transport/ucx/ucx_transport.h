@@ -34,6 +34,7 @@ class UcxContext {
   ~UcxContext();
 
   struct Op;  // one request in flight (ucx_transport.cc)
+  struct PiecedFetch;  // a slice fetched as pieces (ucx_transport.cc)
   /// The state of one transport's endpoint, shared by the transport, its
   /// requests and the watch of its control channel.
   struct Health {
@@ -71,10 +72,11 @@ class UcxContext {
     void* target = nullptr;
     size_t length = 0;
   };
-  /// Starts receiving queued slices while fewer than kReceivesInFlight are.
+  /// Starts receiving queued slices (or pieces) while fewer than
+  /// kReceivesInFlight are.
   void StartReceives();
   void Receive(Arrived arrived);
-  static constexpr int kReceivesInFlight = 1;
+  static constexpr int kReceivesInFlight = 4;
 
   std::unique_ptr<ucx::UcxWorker> worker_;
   std::atomic<uint64_t> next_id_{1};
@@ -111,12 +113,18 @@ class UcxTransport final : public Transport {
   /// Closes the endpoint; requests still in flight end with an error.
   ~UcxTransport() override;
 
+  /// An fp32 slice of at least twice this is fetched in pieces of about it.
+  static constexpr int64_t kFetchPieceBytes = 4 << 20;
+
   std::string name() const override { return "ucx"; }
   /// "ucx over sysv/memory + cma/memory (...)".
   std::string description() const override;
   /// The endpoint's transports, e.g. {"sysv/memory", "cma/memory"}.
   const std::vector<std::string>& ucx_transports() const { return endpoint_.transports; }
-  /// fp32 slices arriving by rendezvous are received straight into `dest`.
+  /// fp32 slices arriving by rendezvous are received straight into `dest`,
+  /// a large one as pieces of kFetchPieceBytes, each verified as soon as it
+  /// is in (while it is still in the cache, and while later pieces move),
+  /// their checksums joined into the slice's.
   void Fetch(const FetchArgs& args, float* dest, TransferDone done) override;
   void Push(const PushArgs& args, std::shared_ptr<const std::vector<float>> grads, TransferDone done) override;
 
@@ -126,6 +134,10 @@ class UcxTransport final : public Transport {
   /// UCX's error callback of the endpoint (progress thread).
   static void OnEndpointError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static constexpr absl::Duration kControlChannelCheck = absl::Milliseconds(100);
+  /// A new op for the fetch of `args` (or of its piece of `length` bytes
+  /// from byte `offset`) into `dest`.
+  std::shared_ptr<UcxContext::Op> NewFetchOp(const FetchArgs& args, float* dest, TransferDone done, int64_t offset,
+                                             int64_t length);
   using Health = UcxContext::Health;
   /// On the context's timer: checks the control channel, and fails the
   /// link or checks again soon. Ends with the transport.
