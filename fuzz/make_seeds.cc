@@ -510,7 +510,7 @@ void AddUcx(Corpus& corpus, const std::vector<int64_t>& lengths) {
     std::vector<float> values(static_cast<size_t>(lengths[unit] + length_delta), 1e-3f * static_cast<float>(unit + 1));
     return UcxRecord(2, token, h, std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float)));
   };
-  const std::string hello = UcxRecord(0, 0, ucx::HelloHeader{});
+  const std::string hello = UcxRecord(0, 0, ucx::HelloHeader{.flags = ucx::kHelloSameHost});
   std::vector<std::string> fetches = {hello};
   for (int u = 0; u < units; ++u) {
     fetches.push_back(fetch(0, u, 0, WireEncoding::kFp32));

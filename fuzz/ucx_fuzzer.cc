@@ -153,6 +153,17 @@ void FuzzUcx(FuzzInput input) {
     // A hello's data is a worker address, which UCX itself parses: the
     // harness's own, so that the server answers over an endpoint to it.
     if (id == ucx::kHello) data = peer->address();
+    // The harness is on the server's host and reaches it without UCX's peer
+    // failure mode, so its hello says so: a hello that says otherwise makes
+    // the server's endpoint ask for that mode, and UCX 1.13 aborts the
+    // process when two endpoints between the same workers differ in it
+    // ("asymmetric endpoint configuration"; docs/security.md).
+    if (id == ucx::kHello && header.size() == sizeof(ucx::HelloHeader)) {
+      ucx::HelloHeader hello;
+      std::memcpy(&hello, header.data(), sizeof(hello));
+      hello.flags = ucx::kHelloSameHost;
+      std::memcpy(header.data(), &hello, sizeof(hello));
+    }
 
     const std::string pending = PendingContributions(shard.state());
     const bool is_fetch = id == ucx::kFetchRequest && header.size() == sizeof(ucx::FetchHeader);

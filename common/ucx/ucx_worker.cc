@@ -60,15 +60,18 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const std::vector<A
   }
   w->address_.assign(reinterpret_cast<const char*>(address), address_length);
   ucp_worker_release_address(w->worker_, address);
-  // Every other id up to kGuardedAmIds gets a handler that drops the
-  // message: UCX 1.13 dereferences a missing handler when a rendezvous
-  // message arrives for an id without one, so any peer could stop the
-  // process with one large message (found by fuzz/ucx_fuzzer).
+  // Every other id gets a handler that drops the message: UCX 1.13
+  // dereferences a missing handler when a rendezvous message arrives for an
+  // id without one (below the highest registered id it reads an entry it
+  // never initialised, above it past the end of its table), so any peer
+  // could stop the process with one large message (both found by
+  // fuzz/ucx_fuzzer).
   std::vector<AmHandler> all(handlers);
-  for (uint16_t id = 0; id < kGuardedAmIds; ++id) {
+  all.reserve(kGuardedAmIds);
+  for (uint32_t id = 0; id < kGuardedAmIds; ++id) {
     bool handled = false;
     for (const AmHandler& h : handlers) handled |= h.id == id;
-    if (!handled) all.push_back(AmHandler{id, &DropMessage, nullptr});
+    if (!handled) all.push_back(AmHandler{static_cast<uint16_t>(id), &DropMessage, nullptr});
   }
   for (const AmHandler& h : all) {
     ucp_am_handler_param_t hp{};

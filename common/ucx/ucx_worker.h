@@ -36,8 +36,9 @@ class UcxWorker {
     void* arg = nullptr;
   };
   /// Active-message ids below this that `handlers` leave out are dropped on
-  /// arrival (no peer can reach UCX's missing-handler path below it).
-  static constexpr uint16_t kGuardedAmIds = 64;
+  /// arrival: every id the wire can carry (16 bits), so that no peer
+  /// reaches UCX's missing-handler path (about 1.5 MiB of handler table).
+  static constexpr uint32_t kGuardedAmIds = 1u << 16;
   /// Who moves a rendezvous message's bytes.
   enum class Rendezvous {
     kUcxDefault,  ///< UCX's choice (over shared memory: the receiver reads them)
