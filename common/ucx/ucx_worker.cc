@@ -2,8 +2,6 @@
 
 #include <poll.h>
 
-#include <cstdlib>
-
 #include "absl/strings/str_cat.h"
 
 namespace pshard::ucx {
@@ -21,20 +19,11 @@ ucs_status_t DropMessage(void*, const void*, size_t, void*, size_t, const ucp_am
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const std::vector<AmHandler>& handlers,
-                                                             Rendezvous rendezvous) {
+absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const std::vector<AmHandler>& handlers) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return PSHARD_UCX_ERROR("ucp_config_read", s);
-  }
-  if (rendezvous == Rendezvous::kSenderWrites && std::getenv("UCX_RNDV_SCHEME") == nullptr) {
-    // UCX 1.13 lets the sender pick: it answers the receiver's request to
-    // send with a put.
-    if (ucs_status_t s = ucp_config_modify(config, "RNDV_SCHEME", "put_zcopy"); s != UCS_OK) {
-      ucp_config_release(config);
-      return PSHARD_UCX_ERROR("ucp_config_modify(RNDV_SCHEME)", s);
-    }
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;

@@ -39,19 +39,9 @@ class UcxWorker {
   /// arrival: every id the wire can carry (16 bits), so that no peer
   /// reaches UCX's missing-handler path (about 1.5 MiB of handler table).
   static constexpr uint32_t kGuardedAmIds = 1u << 16;
-  /// Who moves a rendezvous message's bytes.
-  enum class Rendezvous {
-    kUcxDefault,  ///< UCX's choice (over shared memory: the receiver reads them)
-    /// The sender writes them into the receiver's buffer (put). A shard
-    /// server's replies: each server's own thread moves its slices, rather
-    /// than the trainer's one progress thread moving every server's in turn.
-    kSenderWrites,
-  };
-  /// Creates the context and worker (UCX reads its UCX_* environment here;
-  /// UCX_RNDV_SCHEME, where set, wins over `rendezvous`), registers
-  /// `handlers` and starts the progress thread.
-  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const std::vector<AmHandler>& handlers,
-                                                           Rendezvous rendezvous = Rendezvous::kUcxDefault);
+  /// Creates the context and worker (UCX reads its UCX_* environment here),
+  /// registers `handlers` and starts the progress thread.
+  static absl::StatusOr<std::unique_ptr<UcxWorker>> Create(const std::vector<AmHandler>& handlers);
   /// Stops the thread (see Stop) and destroys the worker and the context.
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;

@@ -402,8 +402,7 @@ absl::StatusOr<std::unique_ptr<UcxService>> UcxService::Start(ShardState* state,
   impl->options = options;
   ASSIGN_OR_RETURN(impl->worker, ucx::UcxWorker::Create({{ucx::kFetchRequest, &Impl::OnFetch, impl.get()},
                                                          {ucx::kPushRequest, &Impl::OnPush, impl.get()},
-                                                         {ucx::kHello, &Impl::OnHello, impl.get()}},
-                                                        ucx::UcxWorker::Rendezvous::kSenderWrites));
+                                                         {ucx::kHello, &Impl::OnHello, impl.get()}}));
   return std::unique_ptr<UcxService>(new UcxService(std::move(impl)));
 }
 

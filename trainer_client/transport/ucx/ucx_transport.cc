@@ -398,11 +398,10 @@ ucs_status_t UcxContext::OnReply(void* arg, const void* header, size_t header_le
   }
   // Rendezvous: the encoded bytes land in the tail of the slice's own fp32
   // buffer (all of it for fp32; a piece at its offset) and are decoded
-  // there, in place. A few are received at once, in arrival order: enough
-  // for two servers to write at a time, few enough that the first finish
-  // (and are verified on the verifier thread) while later ones still move;
-  // started all at once, they would all finish together and leave their
-  // verification as a tail after the last byte.
+  // there, in place. A few are received at once, in arrival order, few
+  // enough that the first finish (and are verified on the verifier thread)
+  // while later ones still move; started all at once, they would all finish
+  // together and leave their verification as a tail after the last byte.
   void* target = nullptr;
   if (op->pieced != nullptr) {
     target = reinterpret_cast<std::byte*>(op->dest) + op->piece_offset;
