@@ -100,6 +100,16 @@ void Connect(const std::string& address, int n, std::vector<std::unique_ptr<v1::
   }
 }
 
+// The server answers GetStatus on `stub` within 10 s; then it is stopped.
+void ExpectServesThenStop(v1::ShardService::Stub& stub, ChildProcess& server) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::StatusResponse status;
+  EXPECT_TRUE(stub.GetStatus(&ctx, v1::StatusRequest(), &status).ok());
+  server.Signal(SIGTERM);
+  EXPECT_TRUE(server.WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
+}
+
 // Cancels every call of `calls` and waits (a minute at most) until each
 // has ended (`done` counts them); false if some have not.
 template <typename Call>
@@ -287,12 +297,7 @@ TEST(ServerMemory, StalledPushesHoldNoMoreThanTheCapsAllow) {
 
   // The pushers leave; their bytes are given back, and the server serves.
   ASSERT_TRUE(CancelAll(pushes, done)) << done.load() << " of " << pushes.size() << " ended";
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::StatusResponse status;
-  EXPECT_TRUE(stubs[0]->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
-  server->Signal(SIGTERM);
-  EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
+  ExpectServesThenStop(*stubs[0], *server);
 }
 
 // A connection that sends HTTP/2's preface and settings and then stays:
@@ -461,12 +466,7 @@ TEST(ServerMemory, ConnectionCapsAreTheServersFlags) {
   std::vector<std::unique_ptr<v1::ShardService::Stub>> stubs;
   Connect(absl::StrCat("127.0.0.1:", *port), 1, stubs);
   ASSERT_EQ(stubs.size(), 1u);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  v1::StatusResponse status;
-  EXPECT_TRUE(stubs[0]->GetStatus(&ctx, v1::StatusRequest(), &status).ok());
-  server->Signal(SIGTERM);
-  EXPECT_TRUE(server->WaitUntil(absl::Now() + absl::Seconds(20)).has_value());
+  ExpectServesThenStop(*stubs[0], *server);
 }
 
 }  // namespace
