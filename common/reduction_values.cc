@@ -37,100 +37,122 @@ ReductionValues ReductionValues::Allocate(const WireFormat& format, size_t eleme
   ReductionValues v;
   v.format_ = format;
   v.size_ = elements;
-  if (format.encoding() == WireEncoding::kFp32) {
-    v.fp32_.resize(elements);
-  } else {
-    v.encoded_.resize(format.EncodedBytes(elements));
-  }
+  v.received_bytes_ = format.EncodedBytes(elements);
+  // Uninitialised on purpose: a receiver writes every byte, and zeroing
+  // first would touch (and fault in) every page of the slice up front.
+  v.received_ = std::make_unique_for_overwrite<std::byte[]>(v.received_bytes_);
   return v;
 }
 
-namespace {
-
-template <typename T>
-void GrowWithin(std::vector<T>& v, size_t size, size_t limit) {
-  if (size > v.capacity()) v.reserve(std::min(std::max(size, 2 * v.capacity()), std::max(size, limit)));
-  v.resize(size);
-}
-
-}  // namespace
-
-void ReductionValues::Resize(size_t elements, size_t capacity_limit) {
-  size_ = elements;
-  if (!encoded()) {
-    GrowWithin(fp32_, elements, capacity_limit);
-  } else {
-    GrowWithin(encoded_, format_.EncodedBytes(elements), format_.EncodedBytes(capacity_limit));
+ReductionValues::ReductionValues(const ReductionValues& other)
+    : format_(other.format_),
+      size_(other.size_),
+      fp32_(other.fp32_),
+      received_bytes_(other.received_bytes_),
+      finite_prefix_(other.finite_prefix_) {
+  if (other.received_ != nullptr) {
+    received_ = std::make_unique_for_overwrite<std::byte[]>(received_bytes_);
+    CopyBytes(received_.get(), other.received_.get(), received_bytes_);
   }
 }
 
-std::span<std::byte> ReductionValues::mutable_bytes() {
-  if (!encoded()) return {reinterpret_cast<std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
-  return encoded_;
+ReductionValues& ReductionValues::operator=(const ReductionValues& other) {
+  if (this != &other) *this = ReductionValues(other);
+  return *this;
+}
+
+const float* ReductionValues::fp32_data() const {
+  return received_ != nullptr ? reinterpret_cast<const float*>(received_.get()) : fp32_.data();
+}
+
+std::span<std::byte> ReductionValues::mutable_bytes(size_t from) {
+  finite_prefix_ = std::min(finite_prefix_, from);
+  const size_t skip = format_.EncodedBytes(from);
+  if (received_ != nullptr) return {received_.get() + skip, received_bytes_ - skip};
+  return {reinterpret_cast<std::byte*>(fp32_.data()) + skip, fp32_.size() * sizeof(float) - skip};
 }
 
 std::span<const std::byte> ReductionValues::bytes() const {
-  if (!encoded()) return {reinterpret_cast<const std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
-  return encoded_;
+  if (received_ != nullptr) return {received_.get(), received_bytes_};
+  return {reinterpret_cast<const std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
 }
 
-int64_t ReductionValues::memory_bytes() const {
-  return static_cast<int64_t>(encoded() ? encoded_.size() : fp32_.size() * sizeof(float));
+std::span<const float> ReductionValues::floats() const { return {fp32_data(), encoded() ? 0 : size_}; }
+
+std::span<float> ReductionValues::mutable_floats() {
+  finite_prefix_ = 0;
+  return {const_cast<float*>(fp32_data()), encoded() ? 0 : size_};
 }
 
-bool ReductionValues::AllFinite() const {
-  if (!encoded()) {
-    return NoneAllOnes<uint32_t>(reinterpret_cast<const std::byte*>(fp32_.data()), size_, 0x7f800000u);
-  }
-  if (format_.encoding() == WireEncoding::kBf16) return NoneAllOnes<uint16_t>(encoded_.data(), size_, 0x7f80u);
+int64_t ReductionValues::memory_bytes() const { return static_cast<int64_t>(bytes().size()); }
+
+bool ReductionValues::RangeFinite(size_t begin, size_t end) const {
+  const std::byte* at = bytes().data();
+  if (!encoded()) return NoneAllOnes<uint32_t>(at + begin * sizeof(float), end - begin, 0x7f800000u);
+  if (format_.encoding() == WireEncoding::kBf16) return NoneAllOnes<uint16_t>(at + begin * 2, end - begin, 0x7f80u);
   // Quantized: a finite scale times a code can still overflow; decode.
   float block[kBlock];
-  for (size_t at = 0; at < size_; at += kBlock) {
-    const size_t n = std::min(kBlock, size_ - at);
-    Read(at, std::span<float>(block, n));
+  for (size_t i = begin; i < end; i += kBlock) {
+    const size_t n = std::min(kBlock, end - i);
+    Read(i, std::span<float>(block, n));
     if (!NoneAllOnes<uint32_t>(reinterpret_cast<const std::byte*>(block), n, 0x7f800000u)) return false;
   }
   return true;
 }
 
+void ReductionValues::CheckFiniteUpTo(size_t end) {
+  end = std::min(end, size_);
+  if (finite_prefix_ < end && RangeFinite(finite_prefix_, end)) finite_prefix_ = end;
+}
+
+bool ReductionValues::AllFinite() const { return RangeFinite(std::min(finite_prefix_, size_), size_); }
+
 void ReductionValues::Zero() {
-  std::fill(fp32_.begin(), fp32_.end(), 0.0f);
-  // All zero bits: bf16 +0; a quantized block of scale 0 and codes 0.
-  std::fill(encoded_.begin(), encoded_.end(), std::byte{0});
+  // All zero bits: fp32 and bf16 +0; a quantized block of scale 0 and codes 0.
+  const std::span<std::byte> all = mutable_bytes();
+  std::fill(all.begin(), all.end(), std::byte{0});
 }
 
 void ReductionValues::Read(size_t offset, std::span<float> out) const {
   if (!encoded()) {
-    CopyBytes(out.data(), fp32_.data() + offset, out.size_bytes());
+    CopyBytes(out.data(), fp32_data() + offset, out.size_bytes());
     return;
   }
-  DecodeRange(format_, encoded_.data(), size_, offset, out);
+  DecodeRange(format_, received_.get(), size_, offset, out);
 }
 
 void ReductionValues::Add(const ReductionValues& other) {
   if (encoded()) *this = ReductionValues(std::move(*this).TakeFloats());
+  const std::span<float> mine = mutable_floats();
   if (!other.encoded()) {
-    for (size_t i = 0; i < size_; ++i) fp32_[i] = fp32_[i] + other.fp32_[i];
+    const float* theirs = other.fp32_data();
+    for (size_t i = 0; i < size_; ++i) mine[i] = mine[i] + theirs[i];
     return;
   }
   float block[kBlock];
   for (size_t at = 0; at < size_; at += kBlock) {
     const size_t n = std::min(kBlock, size_ - at);
     other.Read(at, std::span<float>(block, n));
-    for (size_t i = 0; i < n; ++i) fp32_[at + i] = fp32_[at + i] + block[i];
+    for (size_t i = 0; i < n; ++i) mine[at + i] = mine[at + i] + block[i];
   }
 }
 
 std::vector<float> ReductionValues::TakeFloats() && {
-  if (!encoded()) return std::move(fp32_);
-  std::vector<float> out(size_);
-  Read(0, out);
-  encoded_ = {};
-  format_ = WireFormat(WireEncoding::kFp32);
+  std::vector<float> out;
+  if (received_ == nullptr) {
+    out = std::move(fp32_);
+  } else if (!encoded()) {
+    out.assign(fp32_data(), fp32_data() + size_);
+  } else {
+    out.resize(size_);
+    Read(0, out);
+  }
+  *this = ReductionValues();
   return out;
 }
 
 void AddSquares(const ReductionValues& values, SquareSum* sum) {
+  if (!values.encoded()) return sum->AddSquares(values.floats());
   float block[kBlock];
   for (size_t at = 0; at < values.size(); at += kBlock) {
     const size_t n = std::min(kBlock, values.size() - at);

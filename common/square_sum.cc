@@ -1,5 +1,6 @@
 #include "common/square_sum.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -30,19 +31,45 @@ void AddShifted(std::array<uint64_t, N>& words, unsigned __int128 value, int shi
 }  // namespace
 
 void SquareSum::AddSquares(std::span<const float> values) {
-  for (const float x : values) {
+  // Per float exponent, 64-bit bins, two sets taking alternate values (so
+  // that neighbours, whose exponents are often equal, do not wait on one
+  // bin), folded into pending_ every kRun values: a square's significand
+  // part is below 2^48, so kRun = 2^16 of them cannot overflow a bin.
+  constexpr size_t kRun = size_t{1} << 16;
+  std::array<uint64_t, 256> even, odd;
+  uint32_t non_finite = 0;
+  // x = m * 2^(e - 150) with e = max(exponent, 1): subnormals share the
+  // smallest normal exponent, without the implicit bit. Bin 0 gathers
+  // the subnormals and bin 255 the non-finite values (dropped).
+  auto split = [&non_finite](float x, uint32_t& exponent) {
     uint32_t bits;
     std::memcpy(&bits, &x, sizeof(bits));
-    const uint32_t exponent = (bits >> 23) & 0xff;
-    if (exponent == 0xff) {
-      non_finite_ = true;
-      continue;
+    exponent = (bits >> 23) & 0xff;
+    non_finite |= static_cast<uint32_t>(exponent == 0xff);
+    const uint64_t m = (bits & 0x7fffff) | (exponent == 0 ? 0u : 0x800000u);
+    return m * m;
+  };
+  for (size_t at = 0; at < values.size(); at += kRun) {
+    const size_t end = std::min(values.size(), at + kRun);
+    even.fill(0);
+    odd.fill(0);
+    size_t i = at;
+    for (; i + 2 <= end; i += 2) {
+      uint32_t e0, e1;
+      const uint64_t s0 = split(values[i], e0);
+      const uint64_t s1 = split(values[i + 1], e1);
+      even[e0] += s0;
+      odd[e1] += s1;
     }
-    // x = m * 2^(e - 150) with e = max(exponent, 1): subnormals share the
-    // smallest normal exponent, without the implicit bit.
-    const uint64_t m = (bits & 0x7fffff) | (exponent == 0 ? 0 : 0x800000);
-    pending_[exponent == 0 ? 1 : exponent] += m * m;
+    if (i < end) {
+      uint32_t e;
+      const uint64_t s = split(values[i], e);
+      even[e] += s;
+    }
+    pending_[1] += static_cast<unsigned __int128>(even[0]) + odd[0];
+    for (int e = 1; e < 255; ++e) pending_[e] += static_cast<unsigned __int128>(even[e]) + odd[e];
   }
+  non_finite_ = non_finite_ || non_finite != 0;
   has_pending_ = true;
 }
 

@@ -55,10 +55,18 @@ struct ShardState::UnitState {
   ReductionValues running;                    // non-deterministic sum
   std::vector<std::vector<char>> received;    // [slot][rank]
   int received_count = 0;                     // (slot, rank) pairs covered
-  // The averaged gradient of a complete step: written by FinishReduction,
-  // read by ApplyStep (the step driver's thread only). A lone contribution
-  // that arrived encoded stays encoded (the mean of one is itself).
+  // Once every contribution is in, the step driver takes the sum, averages
+  // it and adds up its squares outside the lock (FinishCompleteUnits),
+  // while other units still receive. `generation` changes with every reset,
+  // so that a reduction finished across a rollback is dropped.
+  enum class Reduction { kCollecting, kTaken, kReduced } reduction = Reduction::kCollecting;
+  uint64_t generation = 0;
+  // The averaged gradient of a complete step and its exact sum of squares:
+  // written once reduced, read by FinishReduction and ApplyStep (the step
+  // driver's thread). A lone contribution that arrived encoded stays
+  // encoded (the mean of one is itself).
   ReductionValues grad;
+  SquareSum grad_squares;
 
   // Makes this version's bytes: the fp32 view of the master, and each of
   // `formats`, reusing the previous version's storage where no fetch still
@@ -353,37 +361,76 @@ void ShardState::ResetReduction(UnitState& u) {
   u.running = ReductionValues();
   u.received.assign(slots, std::vector<char>(job_.num_trainers, 0));
   u.received_count = 0;
+  if (u.reduction != UnitState::Reduction::kCollecting) --units_taken_;
+  if (u.reduction == UnitState::Reduction::kReduced) --units_reduced_;
+  u.reduction = UnitState::Reduction::kCollecting;
+  u.grad = ReductionValues();
+  u.grad_squares = SquareSum();
+  ++u.generation;
 }
 
 bool ShardState::AllContributed() const { return units_complete_ == num_units(); }
 
-absl::Status ShardState::AwaitContributions(absl::Time deadline) {
-  absl::MutexLock lock(&step_mu_);
-  if (step_mu_.AwaitWithDeadline(absl::Condition(this, &ShardState::AllContributed), deadline)) {
-    return absl::OkStatus();
+bool ShardState::AllReducedOrOneToTake() const {
+  return units_reduced_ == num_units() || units_complete_ > units_taken_;
+}
+
+void ShardState::FinishCompleteUnits() {
+  // The mean over every micro-batch of every trainer.
+  const float contributions = static_cast<float>(job_.num_trainers) * static_cast<float>(job_.micro_batches);
+  for (auto& unit : units_) {
+    UnitState& u = *unit;
+    ReductionValues sum;
+    uint64_t generation = 0;
+    {
+      absl::MutexLock lock(&step_mu_);
+      if (u.reduction != UnitState::Reduction::kCollecting ||
+          u.received_count != job_.num_trainers * job_.reduction_slots()) {
+        continue;
+      }
+      sum = job_.deterministic ? u.slot_tree->TakeTotalValues() : std::move(u.running);
+      u.reduction = UnitState::Reduction::kTaken;
+      ++units_taken_;
+      generation = u.generation;
+    }
+    if (contributions != 1.0f) {  // g / 1 is g: a lone contribution may stay encoded
+      if (sum.encoded()) sum = ReductionValues(std::move(sum).TakeFloats());
+      for (float& g : sum.mutable_floats()) g = g / contributions;
+    }
+    SquareSum squares;
+    AddSquares(sum, &squares);
+    absl::MutexLock lock(&step_mu_);
+    if (u.generation != generation) continue;  // reset meanwhile (a rollback)
+    u.grad = std::move(sum);
+    u.grad_squares = std::move(squares);
+    u.reduction = UnitState::Reduction::kReduced;
+    ++units_reduced_;
   }
-  step_mu_.Unlock();
+}
+
+absl::Status ShardState::AwaitContributions(absl::Time deadline) {
+  // Each unit is averaged and its squares summed as soon as its last
+  // contribution is in, while the others still arrive: the step then
+  // waits on the last unit's reduction only, not on every unit's.
+  while (true) {
+    {
+      absl::MutexLock lock(&step_mu_);
+      if (!step_mu_.AwaitWithDeadline(absl::Condition(this, &ShardState::AllReducedOrOneToTake), deadline)) break;
+      if (units_reduced_ == num_units()) return absl::OkStatus();
+    }
+    FinishCompleteUnits();
+  }
   std::string what = DescribeWait();
-  step_mu_.Lock();
   return absl::DeadlineExceededError(what);
 }
 
 StepNorm ShardState::FinishReduction() {
+  FinishCompleteUnits();  // for callers that did not await
   absl::MutexLock lock(&step_mu_);
   StepNorm norm;
   norm.non_finite = non_finite_;
   norm.non_finite_source = non_finite_source_;
-  // The mean over every micro-batch of every trainer.
-  const float contributions = static_cast<float>(job_.num_trainers) * static_cast<float>(job_.micro_batches);
-  for (auto& u : units_) {
-    u->grad = job_.deterministic ? u->slot_tree->TakeTotalValues() : std::move(u->running);
-    if (contributions != 1.0f) {  // g / 1 is g: a lone contribution may stay encoded
-      std::vector<float> mean = std::move(u->grad).TakeFloats();
-      for (float& g : mean) g = g / contributions;
-      u->grad = ReductionValues(std::move(mean));
-    }
-    AddSquares(u->grad, &norm.sum_of_squares);
-  }
+  for (auto& u : units_) norm.sum_of_squares.Add(u->grad_squares);
   return norm;
 }
 
@@ -423,15 +470,15 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
       if (!skip) {
         u.DetachMasterFromReaders();
         // An encoded gradient is decoded for this unit only, for the update.
-        const std::vector<float> grad = std::move(u.grad).TakeFloats();
-        AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, grad, u.decay_runs, &norms);
+        if (u.grad.encoded()) u.grad = ReductionValues(std::move(u.grad).TakeFloats());
+        AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, u.grad.floats(), u.decay_runs, &norms);
+        u.grad = ReductionValues();  // before publishing: the new encodings need room
         u.Publish(FormatsInUse());
       }
       {
         // Open the next step's reduction before anyone can fetch version
         // step + 1 and push for it.
         absl::MutexLock step_lock(&step_mu_);
-        u.grad = ReductionValues();
         ResetReduction(u);
         u.reduce_step = step + 1;
         --units_complete_;
@@ -530,7 +577,6 @@ std::vector<std::shared_ptr<OneShotWaiter>> ShardState::InstallCheckpoint(Checkp
     unit.version = h.step;
     for (auto& [version, waiter] : unit.waiters) waiting.push_back(std::move(waiter));
     unit.waiters.clear();
-    unit.grad = ReductionValues();
     ResetReduction(unit);
     unit.reduce_step = h.step;
     unit.Publish(formats);

@@ -222,6 +222,9 @@ class ShardState {
   /// Fresh reduction state for the next step of `unit`.
   void ResetReduction(UnitState& unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   bool AllContributed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  bool AllReducedOrOneToTake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  // Averages each unit whose contributions are all in and sums its squares.
+  void FinishCompleteUnits() ABSL_LOCKS_EXCLUDED(step_mu_);
   /// Whether `checkpoint` fits this shard (shard, layout, sizes, counts).
   absl::Status CheckCheckpoint(const Checkpoint& checkpoint) const;
   /// Puts a checked checkpoint's state in place and returns the fetches
@@ -245,6 +248,8 @@ class ShardState {
   mutable absl::Mutex step_mu_;
   int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;
   int units_complete_ ABSL_GUARDED_BY(step_mu_) = 0;
+  int units_taken_ ABSL_GUARDED_BY(step_mu_) = 0;    // being reduced or reduced
+  int units_reduced_ ABSL_GUARDED_BY(step_mu_) = 0;
   bool non_finite_ ABSL_GUARDED_BY(step_mu_) = false;
   std::string non_finite_source_ ABSL_GUARDED_BY(step_mu_);
   absl::Time step_started_ ABSL_GUARDED_BY(step_mu_);

@@ -157,11 +157,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
             "wrong length: push of unit ", chunk_.unit(), " declares ", chunk_.slice_length(),
             " elements; this shard's slice has ", expected));
       }
-      // The slice's room grows as its chunks arrive: a push that stops
-      // after its first chunk holds no more than that chunk, and what all
-      // unfinished pushes hold is capped (ConnectionCaps).
+      // Room for the whole slice, not filled: its pages take memory as
+      // chunks are written into them, so a push that stops early holds
+      // about what arrived, and what all unfinished pushes hold is capped
+      // (ConnectionCaps).
       expected_ = static_cast<size_t>(expected);
-      staged_ = ReductionValues::Allocate(format_, 0);
+      staged_ = ReductionValues::Allocate(format_, expected_);
       if (push_bytes_ != nullptr) {
         absl::StatusOr<std::shared_ptr<ConnectionCaps::Place>> place = push_bytes_->Take(ctx_->peer(), 0);
         if (!place.ok()) return place.status();
@@ -198,12 +199,12 @@ class PushReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
                                                          " refused at chunk ", chunks_, ": ", room.message()));
       }
     }
-    staged_.Resize(static_cast<size_t>(received_ + count), expected_);
-    std::byte* to = staged_.mutable_bytes().data() + format_.EncodedBytes(static_cast<size_t>(received_));
+    std::byte* to = staged_.mutable_bytes(static_cast<size_t>(received_)).data();
     for (std::span<const std::byte> piece : data_.pieces) {
       CopyBytes(to, piece.data(), piece.size());
       to += piece.size();
     }
+    staged_.CheckFiniteUpTo(static_cast<size_t>(received_ + count));  // while the chunk is in cache
     metrics_->bytes_in(first_.trainer_rank()).Increment(static_cast<double>(frame_.Length()));
     received_ += count;
     ++chunks_;

@@ -87,6 +87,34 @@ TEST(ReductionValuesTest, NonFiniteEncodedValuesAreSeenAndZeroKeepsTheEncoding) 
   EXPECT_EQ(std::move(fp32).TakeFloats(), std::vector<float>(300, 0.0f));
 }
 
+// A receiver checks each part for infinities and NaNs as it arrives; a
+// value written later, over a part already checked, is still seen.
+TEST(ReductionValuesTest, FiniteChecksOfArrivedPartsAreForgottenWhereRewritten) {
+  for (WireEncoding encoding : {WireEncoding::kFp32, WireEncoding::kBf16}) {
+    const WireFormat format(encoding);
+    const std::vector<float> v = Bf16Values(1000, 4);
+    ReductionValues r = ReductionValues::Allocate(format, v.size());
+    auto write = [&](size_t from, std::vector<float> part) {
+      EncodeElements(encoding, part, r.mutable_bytes(from).data());
+    };
+    write(0, std::vector<float>(v.begin(), v.begin() + 500));
+    r.CheckFiniteUpTo(500);
+    std::vector<float> rest(v.begin() + 500, v.end());
+    rest[200] = std::numeric_limits<float>::quiet_NaN();  // element 700
+    write(500, rest);
+    r.CheckFiniteUpTo(1000);
+    EXPECT_FALSE(r.AllFinite()) << format.ToString() << ": a NaN in the second part";
+    rest[200] = 1.0f;
+    write(500, rest);
+    EXPECT_TRUE(r.AllFinite()) << format.ToString();
+    r.CheckFiniteUpTo(1000);
+    std::vector<float> first(v.begin(), v.begin() + 500);
+    first[10] = std::numeric_limits<float>::infinity();
+    write(0, first);  // over the checked part, not checked again
+    EXPECT_FALSE(r.AllFinite()) << format.ToString() << ": an infinity written over a checked part";
+  }
+}
+
 TEST(ReductionValuesTest, AddingDecodesEitherSide) {
   const std::vector<float> a = Bf16Values(5000, 7), b = Bf16Values(5000, 8);
   std::vector<float> want(a.size());

@@ -476,5 +476,39 @@ TEST(ShardStateTest, PushForTheNextStepDuringPublishIsKept) {
       << "the non-finite push of step 1 was forgotten: the step would not be skipped";
 }
 
+// Units are averaged as soon as their gradients are in, before the step's
+// last one arrives; a rollback in between forgets them, so that the step
+// waits for every unit again and its norm is that of the redone pushes.
+TEST(ShardStateTest, AUnitReducedEarlyIsForgottenByARollBack) {
+  const JobConfig job = SmallJob(1, 1);
+  auto state = MakeState(job, 0);
+  ASSERT_NE(state, nullptr);
+  absl::StatusOr<Checkpoint> start = state->Snapshot();
+  ASSERT_TRUE(start.ok()) << start.status();
+  auto push = [&](int unit, int64_t values_of_step) {
+    const SliceRange slice = state->layout().partitions[unit].Slice(0);
+    auto d = state->Contribute(Id(0, 0, unit), GradientSlice(slice.length, slice.valid, 0, unit, values_of_step));
+    ASSERT_TRUE(d.ok()) << d.status();
+  };
+  ASSERT_NO_FATAL_FAILURE(push(0, 7));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(state->AwaitContributions(absl::Now() + absl::Milliseconds(50))))
+      << "units 1 and 2 are missing";
+  ASSERT_TRUE(state->RollBack(*start, /*asked_by=*/0).ok());
+
+  for (int unit = 1; unit < state->num_units(); ++unit) ASSERT_NO_FATAL_FAILURE(push(unit, 0));
+  const absl::Status waiting = state->AwaitContributions(absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(waiting)) << "unit 0, reduced before the rollback, counted after it: "
+                                                  << waiting;
+  ASSERT_NO_FATAL_FAILURE(push(0, 0));
+  ASSERT_TRUE(state->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
+
+  auto fresh = MakeState(job, 0);
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_NO_FATAL_FAILURE(ContributeAll(*fresh, 0, {0}));
+  ASSERT_TRUE(fresh->AwaitContributions(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(state->FinishReduction().sum_of_squares == fresh->FinishReduction().sum_of_squares)
+      << "the norm still holds unit 0's gradient from before the rollback";
+}
+
 }  // namespace
 }  // namespace pshard
