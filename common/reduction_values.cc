@@ -37,10 +37,9 @@ ReductionValues ReductionValues::Allocate(const WireFormat& format, size_t eleme
   ReductionValues v;
   v.format_ = format;
   v.size_ = elements;
-  v.received_bytes_ = format.EncodedBytes(elements);
   // Uninitialised on purpose: a receiver writes every byte, and zeroing
   // first would touch (and fault in) every page of the slice up front.
-  v.received_ = std::make_unique_for_overwrite<std::byte[]>(v.received_bytes_);
+  v.received_ = std::make_unique_for_overwrite<std::byte[]>(format.EncodedBytes(elements));
   return v;
 }
 
@@ -48,11 +47,11 @@ ReductionValues::ReductionValues(const ReductionValues& other)
     : format_(other.format_),
       size_(other.size_),
       fp32_(other.fp32_),
-      received_bytes_(other.received_bytes_),
       finite_prefix_(other.finite_prefix_) {
   if (other.received_ != nullptr) {
-    received_ = std::make_unique_for_overwrite<std::byte[]>(received_bytes_);
-    CopyBytes(received_.get(), other.received_.get(), received_bytes_);
+    const std::span<const std::byte> theirs = other.bytes();
+    received_ = std::make_unique_for_overwrite<std::byte[]>(theirs.size());
+    CopyBytes(received_.get(), theirs.data(), theirs.size());
   }
 }
 
@@ -68,12 +67,12 @@ const float* ReductionValues::fp32_data() const {
 std::span<std::byte> ReductionValues::mutable_bytes(size_t from) {
   finite_prefix_ = std::min(finite_prefix_, from);
   const size_t skip = format_.EncodedBytes(from);
-  if (received_ != nullptr) return {received_.get() + skip, received_bytes_ - skip};
+  if (received_ != nullptr) return {received_.get() + skip, format_.EncodedBytes(size_) - skip};
   return {reinterpret_cast<std::byte*>(fp32_.data()) + skip, fp32_.size() * sizeof(float) - skip};
 }
 
 std::span<const std::byte> ReductionValues::bytes() const {
-  if (received_ != nullptr) return {received_.get(), received_bytes_};
+  if (received_ != nullptr) return {received_.get(), format_.EncodedBytes(size_)};
   return {reinterpret_cast<const std::byte*>(fp32_.data()), fp32_.size() * sizeof(float)};
 }
 
@@ -121,8 +120,12 @@ void ReductionValues::Read(size_t offset, std::span<float> out) const {
   DecodeRange(format_, received_.get(), size_, offset, out);
 }
 
-void ReductionValues::Add(const ReductionValues& other) {
+void ReductionValues::Decode() {
   if (encoded()) *this = ReductionValues(std::move(*this).TakeFloats());
+}
+
+void ReductionValues::Add(const ReductionValues& other) {
+  Decode();
   const std::span<float> mine = mutable_floats();
   if (!other.encoded()) {
     const float* theirs = other.fp32_data();

@@ -57,6 +57,8 @@ class ReductionValues {
   bool AllFinite() const;
   /// Sets every value to zero, keeping the representation.
   void Zero();
+  /// Holds the values as fp32 from now on (decoded once if encoded).
+  void Decode();
   /// this = this + other, element by element, in fp32 (this becomes fp32).
   void Add(const ReductionValues& other);
   /// Elements [offset, offset + out.size()) as fp32.
@@ -74,7 +76,6 @@ class ReductionValues {
   std::vector<float> fp32_;  // fp32 values made here or handed over
   // Values received (Allocate), in format_; when set, they are the values.
   std::unique_ptr<std::byte[]> received_;
-  size_t received_bytes_ = 0;
   size_t finite_prefix_ = 0;  // leading elements CheckFiniteUpTo found finite
 };
 

@@ -361,8 +361,6 @@ void ShardState::ResetReduction(UnitState& u) {
   u.running = ReductionValues();
   u.received.assign(slots, std::vector<char>(job_.num_trainers, 0));
   u.received_count = 0;
-  if (u.reduction != UnitState::Reduction::kCollecting) --units_taken_;
-  if (u.reduction == UnitState::Reduction::kReduced) --units_reduced_;
   u.reduction = UnitState::Reduction::kCollecting;
   u.grad = ReductionValues();
   u.grad_squares = SquareSum();
@@ -371,8 +369,19 @@ void ShardState::ResetReduction(UnitState& u) {
 
 bool ShardState::AllContributed() const { return units_complete_ == num_units(); }
 
+bool ShardState::UnitComplete(const UnitState& u) const {
+  return u.received_count == job_.num_trainers * job_.reduction_slots();
+}
+
+bool ShardState::AllReduced() const {
+  return std::all_of(units_.begin(), units_.end(),
+                     [](const auto& u) { return u->reduction == UnitState::Reduction::kReduced; });
+}
+
 bool ShardState::AllReducedOrOneToTake() const {
-  return units_reduced_ == num_units() || units_complete_ > units_taken_;
+  return AllReduced() || std::any_of(units_.begin(), units_.end(), [this](const auto& u) {
+           return u->reduction == UnitState::Reduction::kCollecting && UnitComplete(*u);
+         });
 }
 
 void ShardState::FinishCompleteUnits() {
@@ -384,17 +393,13 @@ void ShardState::FinishCompleteUnits() {
     uint64_t generation = 0;
     {
       absl::MutexLock lock(&step_mu_);
-      if (u.reduction != UnitState::Reduction::kCollecting ||
-          u.received_count != job_.num_trainers * job_.reduction_slots()) {
-        continue;
-      }
+      if (u.reduction != UnitState::Reduction::kCollecting || !UnitComplete(u)) continue;
       sum = job_.deterministic ? u.slot_tree->TakeTotalValues() : std::move(u.running);
       u.reduction = UnitState::Reduction::kTaken;
-      ++units_taken_;
       generation = u.generation;
     }
     if (contributions != 1.0f) {  // g / 1 is g: a lone contribution may stay encoded
-      if (sum.encoded()) sum = ReductionValues(std::move(sum).TakeFloats());
+      sum.Decode();
       for (float& g : sum.mutable_floats()) g = g / contributions;
     }
     SquareSum squares;
@@ -404,7 +409,6 @@ void ShardState::FinishCompleteUnits() {
     u.grad = std::move(sum);
     u.grad_squares = std::move(squares);
     u.reduction = UnitState::Reduction::kReduced;
-    ++units_reduced_;
   }
 }
 
@@ -416,7 +420,7 @@ absl::Status ShardState::AwaitContributions(absl::Time deadline) {
     {
       absl::MutexLock lock(&step_mu_);
       if (!step_mu_.AwaitWithDeadline(absl::Condition(this, &ShardState::AllReducedOrOneToTake), deadline)) break;
-      if (units_reduced_ == num_units()) return absl::OkStatus();
+      if (AllReduced()) return absl::OkStatus();
     }
     FinishCompleteUnits();
   }
@@ -425,7 +429,6 @@ absl::Status ShardState::AwaitContributions(absl::Time deadline) {
 }
 
 StepNorm ShardState::FinishReduction() {
-  FinishCompleteUnits();  // for callers that did not await
   absl::MutexLock lock(&step_mu_);
   StepNorm norm;
   norm.non_finite = non_finite_;
@@ -470,7 +473,7 @@ StepOutcome ShardState::ApplyStep(const StepNorm& agreed) {
       if (!skip) {
         u.DetachMasterFromReaders();
         // An encoded gradient is decoded for this unit only, for the update.
-        if (u.grad.encoded()) u.grad = ReductionValues(std::move(u.grad).TakeFloats());
+        u.grad.Decode();
         AdamWUpdate(job_.optimizer, adam, *u.master, u.m, u.v, u.grad.floats(), u.decay_runs, &norms);
         u.grad = ReductionValues();  // before publishing: the new encodings need room
         u.Publish(FormatsInUse());

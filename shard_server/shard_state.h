@@ -156,8 +156,9 @@ class ShardState {
   /// Blocks until every contribution of the current step is in, or until
   /// `deadline` (returns DeadlineExceeded describing what is missing).
   absl::Status AwaitContributions(absl::Time deadline);
-  /// Averages the reduced gradients and returns this shard's exact sum of
-  /// squares and whether a non-finite contribution was seen.
+  /// This shard's exact sum of squares of the averaged gradients (each unit
+  /// is averaged by AwaitContributions once its gradients are in; call it
+  /// after that returned OK) and whether a non-finite contribution was seen.
   StepNorm FinishReduction();
   /// Applies AdamW with the agreed norm (or skips the update when it is not
   /// finite), publishes version step+1 unit by unit, and opens the next step.
@@ -222,6 +223,8 @@ class ShardState {
   /// Fresh reduction state for the next step of `unit`.
   void ResetReduction(UnitState& unit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   bool AllContributed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  bool UnitComplete(const UnitState& unit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
+  bool AllReduced() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   bool AllReducedOrOneToTake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(step_mu_);
   // Averages each unit whose contributions are all in and sums its squares.
   void FinishCompleteUnits() ABSL_LOCKS_EXCLUDED(step_mu_);
@@ -248,8 +251,6 @@ class ShardState {
   mutable absl::Mutex step_mu_;
   int64_t step_ ABSL_GUARDED_BY(step_mu_) = 0;
   int units_complete_ ABSL_GUARDED_BY(step_mu_) = 0;
-  int units_taken_ ABSL_GUARDED_BY(step_mu_) = 0;    // being reduced or reduced
-  int units_reduced_ ABSL_GUARDED_BY(step_mu_) = 0;
   bool non_finite_ ABSL_GUARDED_BY(step_mu_) = false;
   std::string non_finite_source_ ABSL_GUARDED_BY(step_mu_);
   absl::Time step_started_ ABSL_GUARDED_BY(step_mu_);
